@@ -1,0 +1,38 @@
+"""pikku-celery: a workflow backend for Celery, mirrored into SQL."""
+
+from __future__ import annotations
+
+from pikku_celery.errors import (
+    ConfigurationError,
+    PayloadTooLarge,
+    PikkuCeleryError,
+    RunNotFound,
+    SchemaNotCurrent,
+    SerializationError,
+    StepAlreadyExists,
+    StepNotFound,
+    StoreError,
+    StoreUnavailable,
+)
+from pikku_celery.store import StepAttempt, StepState, WorkflowRun, WorkflowStore, WorkflowVersion
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "PayloadTooLarge",
+    "PikkuCeleryError",
+    "RunNotFound",
+    "SchemaNotCurrent",
+    "SerializationError",
+    "StepAlreadyExists",
+    "StepAttempt",
+    "StepNotFound",
+    "StepState",
+    "StoreError",
+    "StoreUnavailable",
+    "WorkflowRun",
+    "WorkflowStore",
+    "WorkflowVersion",
+    "__version__",
+]

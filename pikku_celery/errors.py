@@ -1,0 +1,125 @@
+"""Every error pikku-celery raises, under one root.
+
+::
+
+    PikkuCeleryError
+    ├── ConfigurationError          a setting or URL cannot be used
+    ├── SerializationError          a value cannot be stored as JSON
+    │   └── PayloadTooLarge         a value is larger than the configured limit
+    └── StoreError                  the SQL mirror refused or failed an operation
+        ├── NotFoundError
+        │   ├── RunNotFound
+        │   ├── StepNotFound
+        │   └── VersionNotFound
+        ├── StepAlreadyExists       (run, step name) is taken
+        ├── InvalidStatus           a status outside the allowed set
+        ├── SchemaNotCurrent        the database schema is behind the code
+        └── StoreUnavailable        the database cannot be reached (transient)
+
+Driver errors stay on ``__cause__``. Each class's docstring is its default
+message, and every message says what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class PikkuCeleryError(Exception):
+    """pikku-celery failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(PikkuCeleryError):
+    """pikku-celery is misconfigured; check the database URL and settings."""
+
+
+class SerializationError(PikkuCeleryError, ValueError):
+    """A value cannot be stored as JSON; pass JSON types (dict, list, str, number, bool, None)."""
+
+
+class PayloadTooLarge(SerializationError):
+    """A value is larger than the store accepts; store a reference to it instead of the value."""
+
+
+class StoreError(PikkuCeleryError):
+    """The workflow store failed."""
+
+
+class Transient:
+    """Marker: the operation may succeed when retried."""
+
+
+class NotFoundError(StoreError, LookupError):
+    """A workflow record does not exist."""
+
+
+class RunNotFound(NotFoundError):
+    """No such workflow run; check the run id (`pikku-celery runs list` shows them)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"Workflow run {run_id!r} does not exist; check the run id "
+            "(it may have been deleted or pruned)."
+        )
+
+
+class StepNotFound(NotFoundError):
+    """No such workflow step; check the run id and step name."""
+
+    def __init__(
+        self, *, step_id: str | None = None, run_id: str | None = None, step_name: str | None = None
+    ) -> None:
+        self.step_id = step_id
+        self.run_id = run_id
+        self.step_name = step_name
+        if step_id is not None:
+            where = f"step id {step_id!r}"
+        else:
+            where = f"step {step_name!r} of run {run_id!r}"
+        super().__init__(
+            f"Workflow {where} does not exist; create it with insert_step_state() first."
+        )
+
+
+class VersionNotFound(NotFoundError):
+    """No such workflow version; register it with upsert_workflow_version() first."""
+
+    def __init__(self, workflow_name: str, graph_hash: str) -> None:
+        self.workflow_name = workflow_name
+        self.graph_hash = graph_hash
+        super().__init__(
+            f"Workflow {workflow_name!r} has no version {graph_hash!r}; register it with "
+            "upsert_workflow_version() first."
+        )
+
+
+class StepAlreadyExists(StoreError):
+    """A step with this name already exists in the run; use get_step_state() to read it."""
+
+    def __init__(self, run_id: str, step_name: str) -> None:
+        self.run_id = run_id
+        self.step_name = step_name
+        super().__init__(
+            f"Step {step_name!r} already exists in run {run_id!r}; read it with "
+            "get_step_state() or pick another step name."
+        )
+
+
+class InvalidStatus(StoreError, ValueError):
+    """A status outside the allowed set was given."""
+
+    def __init__(self, kind: str, status: object, allowed: frozenset[str]) -> None:
+        self.status = status
+        super().__init__(
+            f"{status!r} is not a {kind} status; use one of {', '.join(sorted(allowed))}."
+        )
+
+
+class SchemaNotCurrent(StoreError):
+    """The database schema is behind this version of pikku-celery; run `pikku-celery db upgrade`."""
+
+
+class StoreUnavailable(StoreError, Transient):
+    """The workflow database cannot be reached; check that it is running and the URL is right."""

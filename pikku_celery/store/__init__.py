@@ -1,0 +1,8 @@
+"""The SQL mirror: schema-backed reads and transactional writes. Knows nothing of Celery."""
+
+from __future__ import annotations
+
+from pikku_celery.store.models import StepAttempt, StepState, WorkflowRun, WorkflowVersion
+from pikku_celery.store.workflow_store import UNSET, WorkflowStore
+
+__all__ = ["UNSET", "StepAttempt", "StepState", "WorkflowRun", "WorkflowStore", "WorkflowVersion"]

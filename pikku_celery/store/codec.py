@@ -1,0 +1,84 @@
+"""Turning values into the JSON text the store writes, strictly and once.
+
+Everything is checked before a statement is sent, so a value the database
+would refuse (or silently change) never leaves a half-written transition.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import traceback
+from collections.abc import Mapping
+from typing import Any, Final
+
+from pikku_celery.errors import PayloadTooLarge, SerializationError
+
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "JsonCodec", "error_document"]
+
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 16 * 1024 * 1024
+
+# A NUL character in a JSON string: an odd run of backslashes before u0000.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+class JsonCodec:
+    """Encodes values as compact JSON text for one kind of database."""
+
+    __slots__ = ("_allow_nul", "max_bytes")
+
+    def __init__(self, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, allow_nul: bool = True):
+        self.max_bytes = max_bytes
+        # PostgreSQL's jsonb cannot hold U+0000 in a string; SQLite's text can.
+        self._allow_nul = allow_nul
+
+    def encode(self, value: Any, what: str) -> str:
+        try:
+            text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+            size = len(text.encode("utf-8"))
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise SerializationError(
+                f"The {what} cannot be stored as JSON ({exc}); return JSON types "
+                "(dict, list, str, int, float, bool, None) or convert the value first."
+            ) from exc
+        if size > self.max_bytes:
+            raise PayloadTooLarge(
+                f"The {what} is {size} bytes of JSON, over the limit of {self.max_bytes}; "
+                "store a reference to the data (a key, a URL) instead of the data itself, "
+                "or raise max_payload_bytes."
+            )
+        if not self._allow_nul and "\\u0000" in text and _JSON_NUL.search(text):
+            raise SerializationError(
+                f"The {what} holds a NUL character (U+0000) in a string, which PostgreSQL "
+                "cannot store in JSON; remove it or encode the bytes (base64)."
+            )
+        return text
+
+
+def error_document(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]:
+    """The stored shape of an error: ``{type, message, traceback}``."""
+    if isinstance(error, BaseException):
+        cls = type(error)
+        name = (
+            cls.__qualname__
+            if cls.__module__ == "builtins"
+            else (f"{cls.__module__}.{cls.__qualname__}")
+        )
+        tb = (
+            "".join(traceback.format_exception(cls, error, error.__traceback__))
+            if error.__traceback__ is not None
+            else None
+        )
+        return {"type": name, "message": str(error), "traceback": tb}
+    if isinstance(error, str):
+        return {"type": None, "message": error, "traceback": None}
+    if isinstance(error, Mapping):
+        document = dict(error)
+        document.setdefault("type", None)
+        document.setdefault("message", "")
+        document.setdefault("traceback", None)
+        return document
+    raise SerializationError(
+        f"An error must be an exception, a message or a mapping, not {type(error).__name__}; "
+        "pass the exception itself."
+    )

@@ -1,0 +1,87 @@
+"""Making a SQLAlchemy engine from a pikku-celery database URL."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from pikku_celery.errors import ConfigurationError
+
+__all__ = ["DEFAULT_DATABASE_URL", "database_url_from_env", "make_engine", "safe_url"]
+
+DEFAULT_DATABASE_URL: Final = "sqlite:///pikku.db"
+ENV_DATABASE_URL: Final = "PIKKU_DATABASE_URL"
+
+# Drivers people write out of habit, mapped to the one pikku-celery ships with.
+_DRIVER_ALIASES: Final = {
+    "postgres": "postgresql+psycopg",
+    "postgresql": "postgresql+psycopg",
+    "sqlite": "sqlite",
+}
+_SUPPORTED: Final = ("postgresql+psycopg", "sqlite")
+
+
+def database_url_from_env() -> str:
+    return os.environ.get(ENV_DATABASE_URL) or DEFAULT_DATABASE_URL
+
+
+def safe_url(url: str | sa.URL) -> str:
+    """The URL with its password hidden, fit for logs and error messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable URL>"
+
+
+def _normalise(url: str | sa.URL) -> sa.URL:
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigurationError(
+            f"{safe_url(url)!r} is not a database URL; use postgresql://user@host/db "
+            "or sqlite:///path/to/file.db."
+        ) from exc
+    driver = _DRIVER_ALIASES.get(parsed.drivername, parsed.drivername)
+    if driver not in _SUPPORTED:
+        raise ConfigurationError(
+            f"pikku-celery does not support {parsed.drivername!r} databases; "
+            "use postgresql:// (psycopg 3) or sqlite://."
+        )
+    return parsed.set(drivername=driver)
+
+
+def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        # Off by default in SQLite; cascades from runs to steps need it.
+        cursor.execute("PRAGMA foreign_keys=ON")
+        # Worker processes write concurrently: let readers and one writer overlap,
+        # and wait for the lock instead of failing at once.
+        cursor.execute("PRAGMA busy_timeout=30000")
+        mode = cursor.execute("PRAGMA journal_mode").fetchone()
+        if mode and mode[0] != "memory":
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cursor.close()
+
+
+def configure_engine(engine: sa.Engine) -> sa.Engine:
+    """Attach pikku-celery's per-connection settings to an engine (idempotent)."""
+    if engine.dialect.name == "sqlite" and not sa.event.contains(
+        engine, "connect", _on_sqlite_connect
+    ):
+        sa.event.listen(engine, "connect", _on_sqlite_connect)
+    return engine
+
+
+def make_engine(url: str | sa.URL | None = None, **engine_options: Any) -> sa.Engine:
+    """An engine for ``url`` (default: ``PIKKU_DATABASE_URL``, else ``sqlite:///pikku.db``)."""
+    parsed = _normalise(url if url is not None else database_url_from_env())
+    # No pool_pre_ping: it would cost a round trip on every transition; a
+    # dropped connection surfaces as StoreUnavailable and the caller retries.
+    return configure_engine(sa.create_engine(parsed, **engine_options))

@@ -1,0 +1,199 @@
+"""The records the store hands back: frozen dataclasses, never raw rows."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+__all__ = [
+    "ATTEMPT_STATUSES",
+    "RUN_STATUSES",
+    "SETTLED_RUN_STATUSES",
+    "STEP_STATUSES",
+    "RunStatus",
+    "StepAttempt",
+    "StepState",
+    "StepStatus",
+    "WorkflowRun",
+    "WorkflowVersion",
+]
+
+RunStatus = Literal["running", "suspended", "completed", "failed", "cancelled"]
+StepStatus = Literal["pending", "scheduled", "running", "succeeded", "failed", "cancelled"]
+
+RUN_STATUSES: Final = frozenset({"running", "suspended", "completed", "failed", "cancelled"})
+SETTLED_RUN_STATUSES: Final = frozenset({"completed", "failed", "cancelled"})
+STEP_STATUSES: Final = frozenset(
+    {"pending", "scheduled", "running", "succeeded", "failed", "cancelled"}
+)
+ATTEMPT_STATUSES: Final = STEP_STATUSES
+
+# An attempt only moves forward through these ranks; an outcome is final.
+STATUS_RANK: Final[Mapping[str, int]] = {
+    "pending": 0,
+    "scheduled": 1,
+    "running": 2,
+    "succeeded": 3,
+    "failed": 3,
+    "cancelled": 3,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRun:
+    """One execution of a workflow, a canvas or a lone task."""
+
+    run_id: str
+    workflow: str
+    status: str
+    input: Any
+    output: Any
+    error: Mapping[str, Any] | None
+    state: Mapping[str, Any]
+    inline: bool
+    graph_hash: str | None
+    deterministic: bool
+    planned_steps: Any
+    wire: Any
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> WorkflowRun:
+        return cls(
+            run_id=row["workflow_run_id"],
+            workflow=row["workflow"],
+            status=row["status"],
+            input=row["input"],
+            output=row["output"],
+            error=row["error"],
+            state=row["state"] or {},
+            inline=bool(row["inline"]),
+            graph_hash=row["graph_hash"],
+            deterministic=bool(row["deterministic"]),
+            planned_steps=row["planned_steps"],
+            wire=row["wire"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepState:
+    """A step as its row says now; ``attempt_count`` is the attempt it reflects."""
+
+    step_id: str
+    run_id: str
+    step_name: str
+    rpc_name: str | None
+    data: Any
+    status: str
+    result: Any
+    error: Mapping[str, Any] | None
+    attempt_count: int
+    retries: int | None
+    retry_delay: str | None
+    from_step_name: str | None
+    child_run_id: str | None
+    branch_taken: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> StepState:
+        return cls(
+            step_id=row["workflow_step_id"],
+            run_id=row["workflow_run_id"],
+            step_name=row["step_name"],
+            rpc_name=row["rpc_name"],
+            data=row["data"],
+            status=row["status"],
+            result=row["result"],
+            error=row["error"],
+            # A row from an older writer has no attempt number: it is its first.
+            attempt_count=row["current_attempt"] or 1,
+            retries=row["retries"],
+            retry_delay=row["retry_delay"],
+            from_step_name=row["from_step_name"],
+            child_run_id=row["child_run_id"],
+            branch_taken=row["branch_taken"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepAttempt:
+    """One attempt of one step, as ``get_run_history`` lists it."""
+
+    history_id: str
+    step_id: str
+    step_name: str
+    from_step_name: str | None
+    attempt: int
+    status: str
+    result: Any
+    error: Mapping[str, Any] | None
+    retries: int | None
+    retry_delay: str | None
+    created_at: dt.datetime
+    scheduled_at: dt.datetime | None
+    running_at: dt.datetime | None
+    succeeded_at: dt.datetime | None
+    failed_at: dt.datetime | None
+
+    @property
+    def ended_at(self) -> dt.datetime | None:
+        return self.succeeded_at or self.failed_at
+
+    @property
+    def duration(self) -> dt.timedelta | None:
+        """How long the attempt ran, once it has ended."""
+        if self.ended_at is None or self.running_at is None:
+            return None
+        return self.ended_at - self.running_at
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> StepAttempt:
+        return cls(
+            history_id=row["history_id"],
+            step_id=row["workflow_step_id"],
+            step_name=row["step_name"],
+            from_step_name=row["from_step_name"],
+            attempt=row["attempt"] or 1,
+            status=row["status"],
+            result=row["result"],
+            error=row["error"],
+            retries=row["retries"],
+            retry_delay=row["retry_delay"],
+            created_at=row["created_at"],
+            scheduled_at=row["scheduled_at"],
+            running_at=row["running_at"],
+            succeeded_at=row["succeeded_at"],
+            failed_at=row["failed_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowVersion:
+    """The definition of one version of a workflow."""
+
+    workflow_name: str
+    graph_hash: str
+    graph: Any
+    source: str
+    status: str
+    created_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> WorkflowVersion:
+        return cls(
+            workflow_name=row["workflow_name"],
+            graph_hash=row["graph_hash"],
+            graph=row["graph"],
+            source=row["source"],
+            status=row["status"],
+            created_at=row["created_at"],
+        )

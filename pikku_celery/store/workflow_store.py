@@ -1,0 +1,563 @@
+"""``WorkflowStore``: the transactional SQL mirror of runs, steps and attempts.
+
+The only code that sends SQL (statements live in ``queries``). Knows nothing
+of Celery. Every write takes an optional connection: given one, it runs there
+and leaves committing to the caller; otherwise it commits its own transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Final, Literal
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from pikku_celery import migrate
+from pikku_celery.errors import (
+    InvalidStatus,
+    PikkuCeleryError,
+    RunNotFound,
+    SchemaNotCurrent,
+    StepAlreadyExists,
+    StepNotFound,
+    StoreError,
+    StoreUnavailable,
+    VersionNotFound,
+)
+from pikku_celery.store import queries as q
+from pikku_celery.store.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, error_document
+from pikku_celery.store.engine import configure_engine, make_engine, safe_url
+from pikku_celery.store.models import (
+    RUN_STATUSES,
+    StepAttempt,
+    StepState,
+    WorkflowRun,
+    WorkflowVersion,
+)
+
+__all__ = ["WorkflowStore"]
+
+logger = logging.getLogger(__name__)
+
+ErrorLike = BaseException | Mapping[str, Any] | str
+NewAttemptStatus = Literal["pending", "scheduled", "running"]
+_NEW_ATTEMPT_STATUSES: Final = frozenset({"pending", "scheduled", "running"})
+_VERSION_STATUSES: Final = frozenset({"draft", "active", "declined"})
+_MAX_PAGE: Final = 1000
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset()
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class WorkflowStore:
+    """Reads and writes workflow runs, steps and attempts in one SQL database.
+
+    ``WorkflowStore("postgresql://...")``, ``WorkflowStore("sqlite:///pikku.db")``
+    or ``WorkflowStore(engine)``. Call :meth:`init` (or ``pikku-celery db
+    upgrade``) once to bring the schema up to date.
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | sa.URL | sa.Engine | None = None,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        if isinstance(url_or_engine, sa.Engine):
+            self._owns_engine = False
+            self.engine = configure_engine(url_or_engine)
+        else:
+            self._owns_engine = True
+            self.engine = make_engine(url_or_engine)
+        self.dialect: str = self.engine.dialect.name
+        self._pg = self.dialect == "postgresql"
+        self.codec = JsonCodec(max_bytes=max_payload_bytes, allow_nul=not self._pg)
+
+    def __repr__(self) -> str:
+        return f"WorkflowStore({safe_url(self.engine.url)!r})"
+
+    # --- lifecycle ---------------------------------------------------------
+
+    def init(self) -> None:
+        """Bring the database to the latest schema; does nothing when it is already there."""
+        with self._errors():
+            migrate.upgrade(self.engine)
+
+    def close(self) -> None:
+        """Release the store's connections (an engine passed in is left to its owner)."""
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def dispose_after_fork(self) -> None:
+        """Forget connections inherited from a parent process without closing them."""
+        self.engine.dispose(close=False)
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Driver errors become pikku-celery errors, the driver's on ``__cause__``."""
+        try:
+            yield
+        except PikkuCeleryError:
+            raise
+        except sa_exc.DBAPIError as exc:
+            text = str(exc.orig).lower()
+            if (
+                "no such table" in text
+                or "undefinedtable" in type(exc.orig).__name__.lower()
+                or ("does not exist" in text and "relation" in text)
+                or "no such column" in text
+            ):
+                raise SchemaNotCurrent(
+                    f"The workflow tables at {safe_url(self.engine.url)} are missing or old; "
+                    "run `pikku-celery db upgrade` (or WorkflowStore.init())."
+                ) from exc
+            if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError) or (
+                exc.connection_invalidated
+            ):
+                raise StoreUnavailable(
+                    f"The workflow database {safe_url(self.engine.url)} cannot be reached "
+                    f"({type(exc.orig).__name__}); check that it is running and the URL is right."
+                ) from exc
+            raise StoreError(
+                f"The workflow database refused a statement ({type(exc.orig).__name__}: "
+                f"{str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ''})."
+            ) from exc
+
+    @contextmanager
+    def _tx(self, conn: sa.Connection | None) -> Iterator[sa.Connection]:
+        with self._errors():
+            if conn is not None:
+                yield conn
+            else:
+                with self.engine.begin() as own:
+                    yield own
+
+    @contextmanager
+    def _read(self, conn: sa.Connection | None) -> Iterator[sa.Connection]:
+        with self._errors():
+            if conn is not None:
+                yield conn
+            else:
+                with self.engine.connect() as own:
+                    yield own
+
+    def transaction(self) -> Any:
+        """A transaction to pass as ``conn=`` so several writes commit together."""
+        return self.engine.begin()
+
+    def _json(self, value: Any, what: str) -> str:
+        return self.codec.encode(value, what)
+
+    def _error_json(self, error: ErrorLike) -> str:
+        return self.codec.encode(error_document(error), "error")
+
+    # --- runs --------------------------------------------------------------
+
+    def create_run(
+        self,
+        workflow: str,
+        input: Any,
+        *,
+        inline: bool = False,
+        graph_hash: str | None = None,
+        wire: Any = None,
+        deterministic: bool = False,
+        planned_steps: Any = None,
+        run_id: str | None = None,
+        status: str = "running",
+        conn: sa.Connection | None = None,
+    ) -> str:
+        """Start recording a run; returns its id (a new UUID unless given)."""
+        if not workflow:
+            raise ValueError("A run needs a workflow name; pass workflow='checkout' or similar.")
+        self._check_run_status(status)
+        now = _now()
+        row = {
+            "workflow_run_id": run_id or _new_id(),
+            "workflow": workflow,
+            "status": status,
+            "input": self._json(input, "run input"),
+            "state": "{}",
+            "inline": inline,
+            "graph_hash": graph_hash,
+            "deterministic": deterministic,
+            "planned_steps": None
+            if planned_steps is None
+            else self._json(planned_steps, "planned steps"),
+            "wire": None if wire is None else self._json(wire, "wire"),
+            "created_at": now,
+            "updated_at": now,
+        }
+        with self._tx(conn) as c:
+            c.execute(q.insert_run, row)
+        return str(row["workflow_run_id"])
+
+    def get_run(self, run_id: str, *, conn: sa.Connection | None = None) -> WorkflowRun:
+        with self._read(conn) as c:
+            row = c.execute(q.get_run, {"run_id": run_id}).mappings().first()
+        if row is None:
+            raise RunNotFound(run_id)
+        return WorkflowRun.from_row(row)
+
+    def update_run_status(
+        self,
+        run_id: str,
+        status: str,
+        *,
+        output: Any = UNSET,
+        error: ErrorLike | _Unset | None = UNSET,
+        conn: sa.Connection | None = None,
+    ) -> None:
+        """Set the run's status; output and error are replaced (cleared when not given).
+
+        An output of ``0``, ``""`` or ``False`` is stored as that value.
+        """
+        self._check_run_status(status)
+        params = {
+            "run_id": run_id,
+            "status": status,
+            "output": None if isinstance(output, _Unset) else self._json(output, "run output"),
+            "error": None
+            if isinstance(error, _Unset) or error is None
+            else self._error_json(error),
+            "now": _now(),
+        }
+        with self._tx(conn) as c:
+            if c.execute(q.update_run_status, params).rowcount == 0:
+                raise RunNotFound(run_id)
+
+    def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: str | list[str] | tuple[str, ...] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        conn: sa.Connection | None = None,
+    ) -> list[WorkflowRun]:
+        """Runs, newest first; page with ``limit`` and ``offset``."""
+        if not 1 <= limit <= _MAX_PAGE:
+            raise ValueError(f"limit must be between 1 and {_MAX_PAGE}; page with offset=.")
+        if offset < 0:
+            raise ValueError("offset must be 0 or more.")
+        statuses = [status] if isinstance(status, str) else list(status or [])
+        for one in statuses:
+            self._check_run_status(one)
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if workflow is not None:
+            params["workflow"] = workflow
+        if statuses:
+            params["statuses"] = statuses
+        query = q.list_runs(workflow is not None, bool(statuses))
+        with self._read(conn) as c:
+            rows = c.execute(query, params).mappings().all()
+        return [WorkflowRun.from_row(row) for row in rows]
+
+    def delete_run(self, run_id: str, *, conn: sa.Connection | None = None) -> bool:
+        """Delete a run with its steps and attempts; False when there was none."""
+        with self._tx(conn) as c:
+            return bool(c.execute(q.delete_run, {"run_id": run_id}).rowcount)
+
+    @staticmethod
+    def _check_run_status(status: str) -> None:
+        if status not in RUN_STATUSES:
+            raise InvalidStatus("run", status, RUN_STATUSES)
+
+    # --- run state ---------------------------------------------------------
+
+    def update_run_state(
+        self, run_id: str, key: str, value: Any, *, conn: sa.Connection | None = None
+    ) -> None:
+        """Set one key of the run's state, in one statement, without reading it first.
+
+        The key is taken literally: dots, quotes and any unicode stay one key.
+        """
+        if not isinstance(key, str):
+            raise TypeError(f"A state key must be a str, not {type(key).__name__}.")
+        params = {
+            "run_id": run_id,
+            "key": key,
+            "value": self._json(value, f"value of state key {key!r}"),
+            "now": _now(),
+        }
+        statement = q.update_run_state_pg if self._pg else q.update_run_state_sqlite
+        with self._tx(conn) as c:
+            if c.execute(statement, params).rowcount == 0:
+                raise RunNotFound(run_id)
+
+    def get_run_state(self, run_id: str, *, conn: sa.Connection | None = None) -> dict[str, Any]:
+        with self._read(conn) as c:
+            row = c.execute(q.get_run_state, {"run_id": run_id}).first()
+        if row is None:
+            raise RunNotFound(run_id)
+        return dict(row[0] or {})
+
+    # --- steps -------------------------------------------------------------
+
+    def insert_step_state(
+        self,
+        run_id: str,
+        step_name: str,
+        rpc_name: str | None,
+        data: Any,
+        *,
+        retries: int | None = None,
+        retry_delay: float | str | None = None,
+        from_step_name: str | None = None,
+        status: NewAttemptStatus = "pending",
+        step_id: str | None = None,
+        conn: sa.Connection | None = None,
+    ) -> StepState:
+        """Create a step and its first attempt, both in one transaction."""
+        if not step_name:
+            raise ValueError("A step needs a name.")
+        if status not in _NEW_ATTEMPT_STATUSES:
+            raise InvalidStatus("new step", status, _NEW_ATTEMPT_STATUSES)
+        now = _now()
+        step: dict[str, Any] = {
+            "workflow_step_id": step_id or _new_id(),
+            "workflow_run_id": run_id,
+            "step_name": step_name,
+            "rpc_name": rpc_name,
+            "data": self._json(data, f"input of step {step_name!r}"),
+            "status": status,
+            "retries": retries,
+            "retry_delay": None if retry_delay is None else str(retry_delay),
+            "from_step_name": from_step_name,
+            "current_attempt": 1,
+            "created_at": now,
+            "updated_at": now,
+        }
+        attempt: dict[str, Any] = {
+            "history_id": _new_id(),
+            "workflow_step_id": step["workflow_step_id"],
+            "status": status,
+            "attempt": 1,
+            "created_at": now,
+        }
+        stamp = q.TIMESTAMP_COLUMN[status]
+        if stamp is not None:
+            attempt[stamp] = now
+        try:
+            with self._tx(conn) as c:
+                c.execute(q.insert_step, step)
+                c.execute(q.insert_attempt, attempt)
+        except StoreError as exc:
+            raise self._classify_integrity(exc, run_id, step_name) from exc.__cause__
+        return StepState(
+            step_id=step["workflow_step_id"],
+            run_id=run_id,
+            step_name=step_name,
+            rpc_name=rpc_name,
+            data=data,
+            status=status,
+            result=None,
+            error=None,
+            attempt_count=1,
+            retries=retries,
+            retry_delay=step["retry_delay"],
+            from_step_name=from_step_name,
+            child_run_id=None,
+            branch_taken=None,
+            created_at=now,
+            updated_at=now,
+        )
+
+    @staticmethod
+    def _classify_integrity(exc: StoreError, run_id: str, step_name: str) -> StoreError:
+        cause = exc.__cause__
+        if not isinstance(cause, sa_exc.IntegrityError):
+            return exc
+        text = str(cause.orig).lower()
+        if "foreign key" in text:
+            return RunNotFound(run_id)
+        if "unique" in text or "duplicate" in text:
+            return StepAlreadyExists(run_id, step_name)
+        return exc
+
+    def get_step_state(
+        self, run_id: str, step_name: str, *, conn: sa.Connection | None = None
+    ) -> StepState:
+        """The step's row: one query, never the history table."""
+        with self._read(conn) as c:
+            row = (
+                c.execute(q.get_step_state, {"run_id": run_id, "step_name": step_name})
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise StepNotFound(run_id=run_id, step_name=step_name)
+        return StepState.from_row(row)
+
+    def list_step_states(
+        self, run_id: str, *, conn: sa.Connection | None = None
+    ) -> list[StepState]:
+        """Every step of a run, in creation order, in one query ([] for an unknown run)."""
+        with self._read(conn) as c:
+            rows = c.execute(q.list_step_states, {"run_id": run_id}).mappings().all()
+        return [StepState.from_row(row) for row in rows]
+
+    # --- transitions -------------------------------------------------------
+
+    def set_step_scheduled(self, step_id: str, *, conn: sa.Connection | None = None) -> bool:
+        return self._transition(step_id, "scheduled", {}, conn)
+
+    def set_step_running(self, step_id: str, *, conn: sa.Connection | None = None) -> bool:
+        return self._transition(step_id, "running", {}, conn)
+
+    def set_step_result(
+        self, step_id: str, result: Any, *, conn: sa.Connection | None = None
+    ) -> bool:
+        return self._transition(
+            step_id, "succeeded", {"result": self._json(result, "step result")}, conn
+        )
+
+    def set_step_error(
+        self, step_id: str, error: ErrorLike, *, conn: sa.Connection | None = None
+    ) -> bool:
+        return self._transition(step_id, "failed", {"error": self._error_json(error)}, conn)
+
+    def _transition(
+        self, step_id: str, status: str, outcome: dict[str, str], conn: sa.Connection | None
+    ) -> bool:
+        """Move the step and its current attempt to ``status``, both or neither.
+
+        Returns False when the event changed nothing because the attempt is
+        already there or further on (a duplicate or a late event).
+        """
+        params: dict[str, Any] = {
+            "step_id": step_id,
+            "now": _now(),
+            "history_id": _new_id(),
+            **outcome,
+        }
+        with self._tx(conn) as c:
+            if self._pg:
+                applied = c.execute(q.transition_pg(status), params).first() is not None
+            else:
+                attempt = c.execute(q.transition_sqlite_step(status), params).scalar()
+                applied = attempt is not None
+                if applied:
+                    params["attempt_no"] = attempt
+                    if c.execute(q.transition_sqlite_attempt(status), params).rowcount == 0:
+                        c.execute(q.transition_sqlite_repair(status), params)
+            # Cold path only: nothing changed, so tell a no-op from a missing step.
+            if not applied and c.execute(q.step_exists, {"step_id": step_id}).first() is None:
+                raise StepNotFound(step_id=step_id)
+        return applied
+
+    def create_retry_attempt(
+        self,
+        step_id: str,
+        status: NewAttemptStatus = "pending",
+        *,
+        conn: sa.Connection | None = None,
+    ) -> StepState:
+        """Move the step to attempt n+1 and add that attempt's row, atomically."""
+        if status not in _NEW_ATTEMPT_STATUSES:
+            raise InvalidStatus("new attempt", status, _NEW_ATTEMPT_STATUSES)
+        now = _now()
+        params = {"step_id": step_id, "now": now, "history_id": _new_id()}
+        with self._tx(conn) as c:
+            if self._pg:
+                row = c.execute(q.retry_attempt_pg(status), params).mappings().first()
+            else:
+                row = c.execute(q.retry_attempt_sqlite(status), params).mappings().first()
+                if row is not None:
+                    attempt: dict[str, Any] = {
+                        "history_id": params["history_id"],
+                        "workflow_step_id": step_id,
+                        "status": status,
+                        "attempt": row["current_attempt"],
+                        "created_at": now,
+                    }
+                    stamp = q.TIMESTAMP_COLUMN[status]
+                    if stamp is not None:
+                        attempt[stamp] = now
+                    c.execute(q.insert_attempt, attempt)
+            if row is None:
+                raise StepNotFound(step_id=step_id)
+        return StepState.from_row(row)
+
+    # --- history -----------------------------------------------------------
+
+    def get_run_history(
+        self, run_id: str, *, conn: sa.Connection | None = None
+    ) -> list[StepAttempt]:
+        """Every attempt of every step of the run: steps in creation order, attempts by number."""
+        with self._read(conn) as c:
+            rows = c.execute(q.run_history, {"run_id": run_id}).mappings().all()
+        return [StepAttempt.from_row(row) for row in rows]
+
+    # --- versions ----------------------------------------------------------
+
+    def upsert_workflow_version(
+        self,
+        workflow_name: str,
+        graph_hash: str,
+        graph: Any,
+        source: str,
+        status: str = "active",
+        *,
+        conn: sa.Connection | None = None,
+    ) -> bool:
+        """Record a workflow version; the first writer wins. True when this call wrote it."""
+        if status not in _VERSION_STATUSES:
+            raise InvalidStatus("workflow version", status, _VERSION_STATUSES)
+        row = {
+            "workflow_name": workflow_name,
+            "graph_hash": graph_hash,
+            "graph": self._json(graph, "workflow graph"),
+            "source": source,
+            "status": status,
+            "created_at": _now(),
+        }
+        with self._tx(conn) as c:
+            return c.execute(q.upsert_workflow_version(self.dialect), row).first() is not None
+
+    def get_workflow_version(
+        self, workflow_name: str, graph_hash: str, *, conn: sa.Connection | None = None
+    ) -> WorkflowVersion | None:
+        with self._read(conn) as c:
+            row = (
+                c.execute(
+                    q.get_workflow_version,
+                    {"workflow_name": workflow_name, "graph_hash": graph_hash},
+                )
+                .mappings()
+                .first()
+            )
+        return None if row is None else WorkflowVersion.from_row(row)
+
+    def update_workflow_version_status(
+        self,
+        workflow_name: str,
+        graph_hash: str,
+        status: str,
+        *,
+        conn: sa.Connection | None = None,
+    ) -> None:
+        if status not in _VERSION_STATUSES:
+            raise InvalidStatus("workflow version", status, _VERSION_STATUSES)
+        params = {"workflow_name": workflow_name, "graph_hash": graph_hash, "status": status}
+        with self._tx(conn) as c:
+            if c.execute(q.update_workflow_version_status, params).rowcount == 0:
+                raise VersionNotFound(workflow_name, graph_hash)
