@@ -372,8 +372,8 @@ get_workflow_version: Final = sa.select(*versions.c).where(
 update_workflow_version_status: Final = (
     sa.update(versions)
     .where(
-        versions.c.workflow_name == P("workflow_name"),
-        versions.c.graph_hash == P("graph_hash"),
+        versions.c.workflow_name == P("name"),
+        versions.c.graph_hash == P("hash"),
     )
-    .values(status=P("status"))
+    .values(status=P("new_status"))
 )

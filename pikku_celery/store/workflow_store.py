@@ -557,7 +557,7 @@ class WorkflowStore:
     ) -> None:
         if status not in _VERSION_STATUSES:
             raise InvalidStatus("workflow version", status, _VERSION_STATUSES)
-        params = {"workflow_name": workflow_name, "graph_hash": graph_hash, "status": status}
+        params = {"name": workflow_name, "hash": graph_hash, "new_status": status}
         with self._tx(conn) as c:
             if c.execute(q.update_workflow_version_status, params).rowcount == 0:
                 raise VersionNotFound(workflow_name, graph_hash)

@@ -1,0 +1,108 @@
+"""Shared fixtures: the real services, and a store on each database.
+
+A service that is down skips its tests locally and fails them in CI
+(``CI`` or ``PIKKU_REQUIRE_SERVICES`` set), so CI never counts a skip as a pass.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from pikku_celery import WorkflowStore
+from pikku_celery.store.engine import make_engine
+
+for _name in [name for name in os.environ if name.startswith("PIKKU_") and not name.startswith(
+    ("PIKKU_TEST_", "PIKKU_REQUIRE_")
+)]:
+    del os.environ[_name]
+
+REQUIRE_SERVICES = bool(os.environ.get("CI") or os.environ.get("PIKKU_REQUIRE_SERVICES"))
+PG_ADMIN_URL = os.environ.get(
+    "PIKKU_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+TABLES = ("workflow_step_history", "workflow_step", "workflow_versions", "workflow_runs")
+
+
+def service_missing(what: str, exc: BaseException) -> None:
+    message = f"{what} is not reachable ({exc}); start it, or unset CI to skip these tests"
+    if REQUIRE_SERVICES:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+class PgServer:
+    """Makes throwaway databases on the test PostgreSQL server."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        self.url = sa.make_url(admin_url)
+        self.created: list[str] = []
+
+    def create_database(self, prefix: str = "pikku_test") -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        with self.admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        self.created.append(name)
+        return self.url.set(database=name).render_as_string(hide_password=False)
+
+    def drop_all(self) -> None:
+        with self.admin.connect() as conn:
+            for name in self.created:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self.admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    server = PgServer(PG_ADMIN_URL)
+    try:
+        with server.admin.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except sa.exc.OperationalError as exc:
+        service_missing("PostgreSQL", exc)
+    yield server
+    server.drop_all()
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_server: PgServer) -> str:
+    """A database of this test session's own, at the latest schema."""
+    url = pg_server.create_database()
+    store = WorkflowStore(url)
+    store.init()
+    store.close()
+    return url
+
+
+@pytest.fixture(scope="session")
+def pg_engine(pg_url: str) -> Iterator[sa.Engine]:
+    engine = make_engine(pg_url, pool_size=10)
+    yield engine
+    engine.dispose()
+
+
+def truncate(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"TRUNCATE {', '.join(TABLES)}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+    WorkflowStore
+]:
+    """A migrated, empty store on each database: the contract suite runs on both."""
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp("sqlite") / "pikku.db"
+        sqlite_store = WorkflowStore(f"sqlite:///{path}")
+        sqlite_store.init()
+        yield sqlite_store
+        sqlite_store.close()
+    else:
+        engine: sa.Engine = request.getfixturevalue("pg_engine")
+        truncate(engine)
+        yield WorkflowStore(engine)

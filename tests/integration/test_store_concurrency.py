@@ -1,0 +1,71 @@
+"""Concurrent writers on real PostgreSQL: several threads, several connections."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from pikku_celery import WorkflowStore
+
+
+@pytest.fixture
+def pg_store(pg_engine: sa.Engine) -> WorkflowStore:
+    from tests.conftest import truncate
+
+    truncate(pg_engine)
+    return WorkflowStore(pg_engine)
+
+
+def run_threads(count: int, target: object) -> None:
+    barrier = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def worker(index: int) -> None:
+        try:
+            barrier.wait()
+            target(index)  # type: ignore[operator]
+        except BaseException as exc:  # collected and re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
+def test_concurrent_writes_of_different_keys_lose_nothing(pg_store: WorkflowStore) -> None:
+    run_id = pg_store.create_run("checkout", {})
+    threads, writes = 8, 25
+
+    def write(index: int) -> None:
+        for n in range(writes):
+            pg_store.update_run_state(run_id, f"t{index}.k{n}", {"n": n, "by": index})
+
+    run_threads(threads, write)
+    state = pg_store.get_run_state(run_id)
+    assert len(state) == threads * writes
+    assert state["t3.k7"] == {"n": 7, "by": 3}
+
+
+def test_concurrent_transitions_of_one_attempt_converge(pg_store: WorkflowStore) -> None:
+    run_id = pg_store.create_run("checkout", {})
+    step = pg_store.insert_step_state(run_id, "charge", None, None)
+    order = ["scheduled", "running", "succeeded", "running", "scheduled", "succeeded"]
+
+    def fire(index: int) -> None:
+        status = order[index % len(order)]
+        if status == "scheduled":
+            pg_store.set_step_scheduled(step.step_id)
+        elif status == "running":
+            pg_store.set_step_running(step.step_id)
+        else:
+            pg_store.set_step_result(step.step_id, "paid")
+
+    run_threads(12, fire)
+    [attempt] = pg_store.get_run_history(run_id)
+    assert (attempt.status, attempt.result) == ("succeeded", "paid")
+    assert pg_store.get_step_state(run_id, "charge").status == "succeeded"
