@@ -6,6 +6,7 @@ The migrations ship inside the package; their history is kept in
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -18,6 +19,8 @@ __all__ = ["VERSION_TABLE", "current_revision", "head_revision", "is_current", "
 
 VERSION_TABLE = "pikku_celery_alembic_version"
 _SCRIPT_LOCATION = str(Path(__file__).with_name("migrations"))
+# Alembic keeps its running context in module globals: one migration per process at a time.
+_ALEMBIC_LOCK = threading.Lock()
 
 
 def _config(connection: sa.Connection | None = None) -> Config:
@@ -48,5 +51,11 @@ def is_current(engine: sa.Engine) -> bool:
 
 def upgrade(engine: sa.Engine, revision: str = "head") -> None:
     """Apply every migration up to ``revision``; a database already there is left as it is."""
-    with engine.begin() as connection:
+    with _ALEMBIC_LOCK, engine.connect() as connection:
+        if connection.dialect.name == "sqlite":
+            # SQLite runs DDL outside any transaction unless one is opened by
+            # hand; take the write lock first so two processes starting
+            # together do not both create the tables.
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
         command.upgrade(_config(connection), revision)
+        connection.commit()

@@ -16,9 +16,11 @@ import sqlalchemy as sa
 from pikku_celery import WorkflowStore
 from pikku_celery.store.engine import make_engine
 
-for _name in [name for name in os.environ if name.startswith("PIKKU_") and not name.startswith(
-    ("PIKKU_TEST_", "PIKKU_REQUIRE_")
-)]:
+for _name in [
+    name
+    for name in os.environ
+    if name.startswith("PIKKU_") and not name.startswith(("PIKKU_TEST_", "PIKKU_REQUIRE_"))
+]:
     del os.environ[_name]
 
 REQUIRE_SERVICES = bool(os.environ.get("CI") or os.environ.get("PIKKU_REQUIRE_SERVICES"))
@@ -92,9 +94,9 @@ def truncate(engine: sa.Engine) -> None:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-    WorkflowStore
-]:
+def store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkflowStore]:
     """A migrated, empty store on each database: the contract suite runs on both."""
     if request.param == "sqlite":
         path = tmp_path_factory.mktemp("sqlite") / "pikku.db"

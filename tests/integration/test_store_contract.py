@@ -45,14 +45,22 @@ def attempt_rows(store: WorkflowStore, step_id: str) -> list[dict[str, Any]]:
 def test_insert_step_writes_step_and_first_attempt(store: WorkflowStore) -> None:
     run_id = store.create_run("checkout", {"order": 1})
     state = store.insert_step_state(
-        run_id, "charge", "shop.charge", {"amount": 10}, retries=3, retry_delay=2,
+        run_id,
+        "charge",
+        "shop.charge",
+        {"amount": 10},
+        retries=3,
+        retry_delay=2,
         from_step_name="reserve",
     )
     assert state.attempt_count == 1
     assert state.status == "pending"
     read = store.get_step_state(run_id, "charge")
     assert (read.step_id, read.attempt_count, read.retries, read.retry_delay) == (
-        state.step_id, 1, 3, "2",
+        state.step_id,
+        1,
+        3,
+        "2",
     )
     assert read.from_step_name == "reserve"
     assert read.data == {"amount": 10}
@@ -97,8 +105,12 @@ def test_step_of_unknown_run_is_a_typed_error(store: WorkflowStore) -> None:
 
 @pytest.mark.parametrize(
     ("method", "args"),
-    [("set_step_scheduled", ()), ("set_step_running", ()), ("set_step_result", ({"a": 1},)),
-     ("set_step_error", (ValueError("x"),))],
+    [
+        ("set_step_scheduled", ()),
+        ("set_step_running", ()),
+        ("set_step_result", ({"a": 1},)),
+        ("set_step_error", (ValueError("x"),)),
+    ],
 )
 def test_transition_writes_two_rows_and_reads_none(
     store: WorkflowStore, method: str, args: tuple[Any, ...]
@@ -279,8 +291,13 @@ def test_step_without_current_attempt_is_repaired(store: WorkflowStore) -> None:
     with store.engine.begin() as conn:  # as an older writer left it: no attempt anywhere
         conn.execute(
             sa.insert(workflow_step).values(
-                workflow_step_id=step_id, workflow_run_id=run_id, step_name="old",
-                status="pending", current_attempt=None, created_at=now, updated_at=now,
+                workflow_step_id=step_id,
+                workflow_run_id=run_id,
+                step_name="old",
+                status="pending",
+                current_attempt=None,
+                created_at=now,
+                updated_at=now,
             )
         )
     assert store.get_step_state(run_id, "old").attempt_count == 1
@@ -373,8 +390,22 @@ def test_run_state_json_types_survive(store: WorkflowStore, value: Any) -> None:
 
 @pytest.mark.parametrize(
     "key",
-    ["a.b", 'it"s', "back\\slash", "ü", "\\u00fc", "$.x", "[0]", "a'b", "日本語.键",
-     "", " ", "' OR 1=1; DROP TABLE workflow_runs; --", '"); DROP TABLE x; --', "x" * 5000],
+    [
+        "a.b",
+        'it"s',
+        "back\\slash",
+        "ü",
+        "\\u00fc",
+        "$.x",
+        "[0]",
+        "a'b",
+        "日本語.键",
+        "",
+        " ",
+        "' OR 1=1; DROP TABLE workflow_runs; --",
+        '"); DROP TABLE x; --',
+        "x" * 5000,
+    ],
 )
 def test_run_state_key_is_one_literal_key(store: WorkflowStore, key: str) -> None:
     run_id = store.create_run("checkout", {})
@@ -417,7 +448,11 @@ def test_run_status_error_and_validation(store: WorkflowStore) -> None:
     run_id = store.create_run("checkout", {"x": 1}, graph_hash="abc", wire={"type": "celery"})
     run = store.get_run(run_id)
     assert (run.workflow, run.status, run.input, run.graph_hash, run.wire) == (
-        "checkout", "running", {"x": 1}, "abc", {"type": "celery"}
+        "checkout",
+        "running",
+        {"x": 1},
+        "abc",
+        {"type": "celery"},
     )
     assert (run.state, run.inline, run.deterministic) == ({}, False, False)
     store.update_run_status(run_id, "failed", error=ValueError("step charge failed"))
@@ -439,7 +474,9 @@ def test_list_runs_filters_and_pages_newest_first(store: WorkflowStore) -> None:
     assert [r.run_id for r in store.list_runs(workflow="checkout")] == [ids[5], ids[3], ids[1]]
     assert [r.run_id for r in store.list_runs(status="completed")] == [ids[1]]
     assert [r.run_id for r in store.list_runs(workflow="refund", status=["running"])] == [
-        ids[4], ids[2], ids[0]
+        ids[4],
+        ids[2],
+        ids[0],
     ]
     with pytest.raises(ValueError, match="limit"):
         store.list_runs(limit=0)
@@ -536,8 +573,11 @@ def test_workflow_versions_first_writer_wins(store: WorkflowStore) -> None:
     assert store.upsert_workflow_version("checkout", "h1", {"steps": ["b"]}, "complex") is False
     version = store.get_workflow_version("checkout", "h1")
     assert version is not None
-    assert (version.graph, version.source, version.status) == ({"steps": ["a"]}, "complex",
-                                                               "active")
+    assert (version.graph, version.source, version.status) == (
+        {"steps": ["a"]},
+        "complex",
+        "active",
+    )
     assert store.get_workflow_version("checkout", "h2") is None
     store.update_workflow_version_status("checkout", "h1", "declined")
     declined = store.get_workflow_version("checkout", "h1")

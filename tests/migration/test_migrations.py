@@ -1,0 +1,142 @@
+"""The migrations build exactly the schema the code declares, on both databases."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from pikku_celery import WorkflowStore, migrate
+from pikku_celery.schema import metadata
+from tests.conftest import PgServer
+
+EXPECTED_INDEXES = {
+    "workflow_step_history": ["workflow_step_id", "created_at"],
+    "workflow_runs": ["status", "created_at"],
+    "workflow_step": ["workflow_run_id", "status"],
+    "workflow_versions": ["source", "status"],
+}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+    else:
+        server: PgServer = request.getfixturevalue("pg_server")
+        yield server.create_database("pikku_migration")
+
+
+def test_upgrade_from_empty_equals_declared_schema(empty_url: str) -> None:
+    store = WorkflowStore(empty_url)
+    assert migrate.current_revision(store.engine) is None
+    store.init()
+    assert migrate.current_revision(store.engine) == migrate.head_revision()
+    with store.engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn,
+            opts={
+                "compare_type": True,
+                "compare_server_default": False,
+                "version_table": migrate.VERSION_TABLE,
+            },
+        )
+        diff = compare_metadata(context, metadata)
+    assert diff == []
+    store.close()
+
+
+def test_every_declared_index_exists_with_its_leading_columns(empty_url: str) -> None:
+    store = WorkflowStore(empty_url)
+    store.init()
+    inspector = sa.inspect(store.engine)
+    for table, columns in EXPECTED_INDEXES.items():
+        indexed = [index["column_names"] for index in inspector.get_indexes(table)]
+        assert any(found[: len(columns)] == columns for found in indexed), (table, indexed)
+    uniques = {
+        table: [u["column_names"] for u in inspector.get_unique_constraints(table)]
+        for table in ("workflow_step", "workflow_step_history")
+    }
+    assert ["workflow_run_id", "step_name"] in uniques["workflow_step"]
+    assert ["workflow_step_id", "attempt"] in uniques["workflow_step_history"]
+    assert "pikku_celery_alembic_version" in inspector.get_table_names()
+    assert "alembic_version" not in inspector.get_table_names()
+    store.close()
+
+
+def test_init_is_idempotent_across_store_instances(empty_url: str) -> None:
+    first = WorkflowStore(empty_url)
+    first.init()
+    run_id = first.create_run("checkout", {"kept": True})
+    first.close()
+    second = WorkflowStore(empty_url)
+    second.init()
+    second.init()
+    assert second.get_run(run_id).input == {"kept": True}
+    assert migrate.is_current(second.engine)
+    second.close()
+
+
+def test_postgres_types_are_jsonb_and_timestamptz(pg_server: PgServer) -> None:
+    store = WorkflowStore(pg_server.create_database("pikku_types"))
+    store.init()
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT table_name, column_name, data_type FROM information_schema.columns "
+                "WHERE table_name LIKE 'workflow%'"
+            )
+        ).all()
+    types = {(table, column): kind for table, column, kind in rows}
+    assert types[("workflow_runs", "state")] == "jsonb"
+    assert types[("workflow_step_history", "result")] == "jsonb"
+    assert types[("workflow_step", "created_at")] == "timestamp with time zone"
+    assert types[("workflow_step_history", "running_at")] == "timestamp with time zone"
+    store.close()
+
+
+def test_concurrent_init_from_several_processes_succeeds(empty_url: str) -> None:
+    # Worker processes start together and each brings the schema up: none may fail.
+    script = (
+        "import sys; from pikku_celery import WorkflowStore; "
+        "s = WorkflowStore(sys.argv[1]); s.init(); s.close()"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, empty_url], stderr=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    outputs = [proc.communicate(timeout=120)[1].decode() for proc in procs]
+    failures = [out for proc, out in zip(procs, outputs, strict=True) if proc.returncode]
+    assert failures == []
+    store = WorkflowStore(empty_url)
+    assert migrate.is_current(store.engine)
+    store.close()
+
+
+def test_sqlite_cascades_work_on_every_connection(tmp_path: Path) -> None:
+    store = WorkflowStore(f"sqlite:///{tmp_path / 'fk.db'}")
+    store.init()
+    run_id = store.create_run("checkout", {})
+    store.insert_step_state(run_id, "a", None, None)
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    assert store.delete_run(run_id)
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM workflow_step").scalar() == 0
+        assert conn.exec_driver_sql("SELECT count(*) FROM workflow_step_history").scalar() == 0
+    store.close()
+
+
+def test_a_store_on_an_unmigrated_database_says_what_to_do(tmp_path: Path) -> None:
+    from pikku_celery import SchemaNotCurrent
+
+    store = WorkflowStore(f"sqlite:///{tmp_path / 'bare.db'}")
+    with pytest.raises(SchemaNotCurrent, match="db upgrade"):
+        store.create_run("checkout", {})
+    store.close()
