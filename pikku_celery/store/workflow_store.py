@@ -101,6 +101,15 @@ class WorkflowStore:
         with self._errors():
             migrate.upgrade(self.engine)
 
+    def schema_revision(self) -> str | None:
+        """The schema revision the database is at (None: pikku-celery never ran there)."""
+        with self._errors():
+            return migrate.current_revision(self.engine)
+
+    @staticmethod
+    def latest_schema_revision() -> str:
+        return migrate.head_revision()
+
     def close(self) -> None:
         """Release the store's connections (an engine passed in is left to its owner)."""
         if self._owns_engine:

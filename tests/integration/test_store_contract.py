@@ -130,7 +130,7 @@ def test_transition_writes_two_rows_and_reads_none(
 
 
 def test_transition_finds_attempt_through_current_attempt(store: WorkflowStore) -> None:
-    run_id, step_id = new_step(store)
+    _, step_id = new_step(store)
     store.set_step_error(step_id, RuntimeError("first"))
     store.create_retry_attempt(step_id, "pending")
     # Give attempt 1 a later creation time than attempt 2: sorting by time would pick it.

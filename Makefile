@@ -1,0 +1,36 @@
+# One entry point for people and CI. `make demo` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install demo test check format bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/pikku-celery demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+check: $(STAMP)
+	$(BIN)/ruff check pikku_celery tests bench
+	$(BIN)/ruff format --check pikku_celery tests bench
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix pikku_celery tests bench
+	$(BIN)/ruff format pikku_celery tests bench
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.store_bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache build dist *.egg-info

@@ -1,0 +1,144 @@
+"""The ``pikku-celery`` command: one function per subcommand, each a thin call into the package."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from pikku_celery.errors import PikkuCeleryError
+from pikku_celery.store import WorkflowStore
+from pikku_celery.store.engine import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, safe_url
+
+EXIT_OK: Final = 0
+EXIT_ERROR: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_SCHEMA_BEHIND: Final = 3
+
+logger = logging.getLogger("pikku_celery.cli")
+
+
+def _store(args: argparse.Namespace) -> WorkflowStore:
+    return WorkflowStore(args.database_url)
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    store = _store(args)
+    before = store.schema_revision()
+    store.init()
+    after = store.schema_revision()
+    if before == after:
+        print(f"{safe_url(store.engine.url)} is already at revision {after}.")
+    else:
+        print(f"Upgraded {safe_url(store.engine.url)} from {before or 'empty'} to {after}.")
+    store.close()
+    return EXIT_OK
+
+
+def cmd_db_current(args: argparse.Namespace) -> int:
+    store = _store(args)
+    current = store.schema_revision()
+    head = store.latest_schema_revision()
+    print(f"current: {current or 'none (run `pikku-celery db upgrade`)'}")
+    print(f"latest:  {head}")
+    store.close()
+    return EXIT_OK
+
+
+def cmd_db_check(args: argparse.Namespace) -> int:
+    store = _store(args)
+    current = store.schema_revision()
+    head = store.latest_schema_revision()
+    store.close()
+    if current != head:
+        print(
+            f"The schema is at {current or 'none'}, this pikku-celery needs {head}; "
+            "run `pikku-celery db upgrade`.",
+            file=sys.stderr,
+        )
+        return EXIT_SCHEMA_BEHIND
+    print(f"The schema is current ({head}).")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pikku_celery.demo import run_demo
+
+    return run_demo(database_url=args.database_url, broker_url=args.broker_url)
+
+
+def _env_help(text: str, env: str) -> str:
+    return f"{text} [env: {env}]"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pikku-celery",
+        description="A workflow backend for Celery: runs, steps and attempts in SQL.",
+    )
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get(ENV_DATABASE_URL, DEFAULT_DATABASE_URL),
+        help=_env_help(f"database URL (default {DEFAULT_DATABASE_URL})", ENV_DATABASE_URL),
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show tracebacks and debug logs"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    db = commands.add_parser("db", help="manage the database schema")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    db_commands.add_parser("upgrade", help="bring the schema to the latest revision").set_defaults(
+        func=cmd_db_upgrade
+    )
+    db_commands.add_parser("current", help="show the schema revision").set_defaults(
+        func=cmd_db_current
+    )
+    db_commands.add_parser(
+        "check", help=f"exit {EXIT_SCHEMA_BEHIND} when the schema is behind"
+    ).set_defaults(func=cmd_db_check)
+
+    demo = commands.add_parser("demo", help="run a sample workflow and show its history")
+    demo.add_argument(
+        "--broker-url",
+        default=os.environ.get("PIKKU_BROKER_URL"),
+        help=_env_help("Celery broker URL (default: a temporary filesystem broker)",
+                       "PIKKU_BROKER_URL"),
+    )
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def _describe(exc: BaseException) -> str:
+    parts = [str(exc)]
+    cause = exc.__cause__
+    while cause is not None:
+        text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        parts.append(f"{type(cause).__name__}: {text}")
+        cause = cause.__cause__
+    return " <- caused by ".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except PikkuCeleryError as exc:
+        if args.verbose:
+            logger.exception("pikku-celery failed")
+        print(f"error: {_describe(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
