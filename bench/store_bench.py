@@ -66,6 +66,7 @@ ATTEMPTS_PER_BULK_STEP: Final = 4
 STEPS_PER_BULK_RUN: Final = 10
 BULK_CHUNK: Final = 250_000
 WARMUP_STEPS: Final = 20
+BLOCK_STEPS: Final = 50
 
 
 def say(text: str = "") -> None:
@@ -407,19 +408,29 @@ def measure_throughput(target: Target, settings: Settings) -> Throughput:
             for round_no in range(settings.rounds):
                 store_run, store_steps, _ = add_steps(store, steps_per_round, f"store{round_no}")
                 floor_run, floor_steps, _ = add_steps(store, steps_per_round, f"floor{round_no}")
-                sides: list[tuple[list[float], Callable[[], object]]] = [
-                    (store_rates, partial(store_transitions, store, store_steps)),
-                    (floor_rates, partial(floor_transitions, floor, floor_steps)),
-                ]
-                # Alternating who goes first keeps drift (checkpoints, table
-                # growth) from favouring one side.
-                if round_no % 2:
-                    sides.reverse()
-                for rates, action in sides:
-                    rates.append(transitions / timed(action))
+                spent = {"store": 0.0, "floor": 0.0}
+                # Short alternating blocks, so a slow spell of the disk or a
+                # checkpoint lands on both sides instead of on one.
+                for block, lo in enumerate(range(0, steps_per_round, BLOCK_STEPS)):
+                    sides: list[tuple[str, Callable[[], object]]] = [
+                        (
+                            "store",
+                            partial(store_transitions, store, store_steps[lo:][:BLOCK_STEPS]),
+                        ),
+                        (
+                            "floor",
+                            partial(floor_transitions, floor, floor_steps[lo:][:BLOCK_STEPS]),
+                        ),
+                    ]
+                    if (round_no + block) % 2:
+                        sides.reverse()
+                    for side, action in sides:
+                        spent[side] += timed(action)
                 for run_id in (store_run, floor_run):
                     if succeeded_attempts(store, run_id) != steps_per_round:
                         raise RuntimeError("a side did not bring every step to succeeded")
+                store_rates.append(transitions / spent["store"])
+                floor_rates.append(transitions / spent["floor"])
                 say(
                     f"  round {round_no + 1}/{settings.rounds}: "
                     f"store {store_rates[-1]:,.0f}/s, floor {floor_rates[-1]:,.0f}/s"
@@ -568,42 +579,45 @@ class Bulk:
         run_of_step = f":r0 + 1 + (i - :s0 - 1) % {runs}"
         step_of_attempt = f":s0 + 1 + (i - :h0 - 1) % {steps}"
         attempt_no = f"1 + (i - :h0 - 1) / {steps}"
-        with self.engine.begin() as conn:
-            conn.execute(
-                sa.text(
-                    f"{prefix}INSERT INTO workflow_runs (workflow_run_id, workflow, status, input) "
-                    f"SELECT {self._id(1, 'i')}, 'bench-bulk', 'succeeded', '{{}}' FROM {series}"
-                ),
-                {"lo": r0 + 1, "hi": r0 + runs},
-            )
-            conn.execute(
-                sa.text(
-                    f"{prefix}INSERT INTO workflow_step (workflow_step_id, workflow_run_id, "
-                    "step_name, status, result, current_attempt) "
-                    f"SELECT {self._id(2, 'i')}, {self._id(1, run_of_step)}, 'bulk-' || i, "
-                    f"'succeeded', '{{\"ok\": 1}}', {ATTEMPTS_PER_BULK_STEP} FROM {series}"
-                ),
-                {"lo": s0 + 1, "hi": s0 + steps, "r0": r0, "s0": s0},
-            )
+        self._insert(
+            "workflow_runs",
+            f"{prefix}INSERT INTO workflow_runs (workflow_run_id, workflow, status, input) "
+            f"SELECT {self._id(1, 'i')}, 'bench-bulk', 'succeeded', '{{}}' FROM {series}",
+            {"lo": r0 + 1, "hi": r0 + runs},
+        )
+        self._insert(
+            "workflow_step",
+            f"{prefix}INSERT INTO workflow_step (workflow_step_id, workflow_run_id, "
+            "step_name, status, result, current_attempt) "
+            f"SELECT {self._id(2, 'i')}, {self._id(1, run_of_step)}, 'bulk-' || i, "
+            f"'succeeded', '{{\"ok\": 1}}', {ATTEMPTS_PER_BULK_STEP} FROM {series}",
+            {"lo": s0 + 1, "hi": s0 + steps, "r0": r0, "s0": s0},
+        )
         for lo in range(h0 + 1, h0 + attempts + 1, BULK_CHUNK):
-            hi = min(lo + BULK_CHUNK - 1, h0 + attempts)
-            with self.engine.begin() as conn:
-                conn.execute(
-                    sa.text(
-                        f"{prefix}INSERT INTO workflow_step_history (history_id, "
-                        "workflow_step_id, status, attempt) "
-                        f"SELECT {self._id(3, 'i')}, {self._id(2, step_of_attempt)}, "
-                        f"CASE WHEN {attempt_no} = {ATTEMPTS_PER_BULK_STEP} "
-                        f"THEN 'succeeded' ELSE 'failed' END, {attempt_no} FROM {series}"
-                    ),
-                    {"lo": lo, "hi": hi, "s0": s0, "h0": h0},
-                )
+            self._insert(
+                "workflow_step_history",
+                f"{prefix}INSERT INTO workflow_step_history (history_id, "
+                "workflow_step_id, status, attempt) "
+                f"SELECT {self._id(3, 'i')}, {self._id(2, step_of_attempt)}, "
+                f"CASE WHEN {attempt_no} = {ATTEMPTS_PER_BULK_STEP} "
+                f"THEN 'succeeded' ELSE 'failed' END, {attempt_no} FROM {series}",
+                {"lo": lo, "hi": min(lo + BULK_CHUNK - 1, h0 + attempts), "s0": s0, "h0": h0},
+            )
         self.runs, self.steps, self.attempts = r0 + runs, s0 + steps, h0 + attempts
         if self.pg:
             # What autovacuum would do soon anyway; done now so it does not
             # land in the middle of a measurement.
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.exec_driver_sql("VACUUM ANALYZE")
+
+    def _insert(self, table: str, sql: str, params: dict[str, int]) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(sa.text(sql), params)
+            if self.pg:
+                # The foreign-key checks of the next load are planned from these
+                # statistics: left at a table's small size, they can choose a
+                # scan per inserted row, and a million-row load takes minutes.
+                conn.exec_driver_sql(f"ANALYZE {table}")
 
 
 def count_rows(engine: sa.Engine) -> tuple[int, int]:
@@ -809,7 +823,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     quick = bool(args.quick)
     settings = Settings(
         transitions=args.transitions or (600 if quick else 3000),
-        rounds=args.rounds or 3,
+        rounds=args.rounds or 5,
         small_rows=1000,
         big_rows=args.big_rows or (100_000 if quick else 1_000_000),
         probe_steps=100 if quick else 300,

@@ -105,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--broker-url",
         default=os.environ.get("PIKKU_BROKER_URL"),
-        help=_env_help("Celery broker URL (default: a temporary filesystem broker)",
-                       "PIKKU_BROKER_URL"),
+        help=_env_help(
+            "Celery broker URL (default: a temporary filesystem broker)", "PIKKU_BROKER_URL"
+        ),
     )
     demo.set_defaults(func=cmd_demo)
     return parser

@@ -13,8 +13,10 @@ __all__ = ["format_history", "format_runs", "table"]
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     body = [list(headers), *[list(row) for row in rows]]
     widths = [max(len(row[i]) for row in body) for i in range(len(headers))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-             for row in body]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in body
+    ]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(line.rstrip() for line in lines)
 
@@ -60,9 +62,7 @@ def format_history(attempts: Iterable[StepAttempt]) -> str:
                 _time(a.running_at),
                 _time(a.ended_at),
                 _seconds(a.duration),
-                _short(
-                    f"{a.error.get('type')}: {a.error.get('message')}" if a.error else a.result
-                ),
+                _short(f"{a.error.get('type')}: {a.error.get('message')}" if a.error else a.result),
             ]
             for a in attempts
         ],

@@ -166,6 +166,15 @@ workflow_step_history = sa.Table(
     sa.Column("scheduled_at", UtcDateTime),
     sa.Column("succeeded_at", UtcDateTime),
     sa.Column("failed_at", UtcDateTime),
+    # Added by revision 0002: where and how the attempt ran.
+    sa.Column("task_id", sa.Text),
+    sa.Column("worker", sa.Text),
+    sa.Column("pid", sa.Integer),
+    # How many times this attempt was delivered to a worker (a redelivery adds one).
+    sa.Column("delivery_count", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("eta", UtcDateTime),
+    # Why the attempt exists: first, retry, redelivery, resume, rerun.
+    sa.Column("reason", sa.Text),
     sa.UniqueConstraint(
         "workflow_step_id", "attempt", name="workflow_step_history_step_attempt_unique"
     ),

@@ -143,6 +143,12 @@ class StepAttempt:
     running_at: dt.datetime | None
     succeeded_at: dt.datetime | None
     failed_at: dt.datetime | None
+    task_id: str | None = None
+    worker: str | None = None
+    pid: int | None = None
+    delivery_count: int = 0
+    eta: dt.datetime | None = None
+    reason: str | None = None
 
     @property
     def ended_at(self) -> dt.datetime | None:
@@ -173,6 +179,12 @@ class StepAttempt:
             running_at=row["running_at"],
             succeeded_at=row["succeeded_at"],
             failed_at=row["failed_at"],
+            task_id=row["task_id"],
+            worker=row["worker"],
+            pid=row["pid"],
+            delivery_count=row["delivery_count"],
+            eta=row["eta"],
+            reason=row["reason"],
         )
 
 

@@ -69,9 +69,9 @@ TIMESTAMP_COLUMN: Final[dict[str, str | None]] = {
 }
 
 
-def _rank(column: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+def rank(column: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
     return sa.case(
-        *((column == status, rank) for status, rank in STATUS_RANK.items()),
+        *((column == status, order) for status, order in STATUS_RANK.items()),
         else_=0,
     )
 
@@ -99,7 +99,7 @@ def _step_update(status: str) -> Update:
         sa.update(steps)
         .where(
             steps.c.workflow_step_id == P("step_id"),
-            _rank(steps.c.status) < STATUS_RANK[status],
+            rank(steps.c.status) < STATUS_RANK[status],
         )
         .values(
             status=status,
@@ -244,7 +244,7 @@ def transition_pg(status: str) -> sa.Select[Any]:
     upsert = upsert.on_conflict_do_update(
         index_elements=[history.c.workflow_step_id, history.c.attempt],
         set_={name: upsert.excluded[name] for name in values},
-        where=_rank(history.c.status) < STATUS_RANK[status],
+        where=rank(history.c.status) < STATUS_RANK[status],
     )
     return sa.select(step.c.current_attempt).add_cte(upsert.cte("attempt"))
 
@@ -266,7 +266,7 @@ def transition_sqlite_attempt(status: str) -> Update:
         .where(
             history.c.workflow_step_id == P("step_id"),
             history.c.attempt == P("attempt_no"),
-            _rank(history.c.status) < STATUS_RANK[status],
+            rank(history.c.status) < STATUS_RANK[status],
         )
         .values(**_attempt_values(status))
     )
@@ -344,6 +344,12 @@ run_history: Final = (
         history.c.running_at,
         history.c.succeeded_at,
         history.c.failed_at,
+        history.c.task_id,
+        history.c.worker,
+        history.c.pid,
+        history.c.delivery_count,
+        history.c.eta,
+        history.c.reason,
     )
     .select_from(steps.join(history, history.c.workflow_step_id == steps.c.workflow_step_id))
     .where(steps.c.workflow_run_id == P("run_id"))

@@ -34,7 +34,7 @@ def test_db_commands_on_sqlite(tmp_path: Path) -> None:
     assert "already at revision" in again.stdout
     assert cli("--database-url", url, "db", "check").returncode == 0
     current = cli("--database-url", url, "db", "current")
-    assert "current: 0001" in current.stdout
+    assert "current: 0002" in current.stdout
 
 
 def test_db_upgrade_on_postgres_hides_the_password(pg_server: PgServer) -> None:

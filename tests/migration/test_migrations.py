@@ -140,3 +140,29 @@ def test_a_store_on_an_unmigrated_database_says_what_to_do(tmp_path: Path) -> No
     with pytest.raises(SchemaNotCurrent, match="db upgrade"):
         store.create_run("checkout", {})
     store.close()
+
+
+def test_upgrade_from_0001_keeps_rows_and_adds_attempt_columns(empty_url: str) -> None:
+    store = WorkflowStore(empty_url)
+    migrate.upgrade(store.engine, "0001")
+    assert store.schema_revision() == "0001"
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO workflow_runs (workflow_run_id, workflow, status, input) "
+            "VALUES ('r1', 'old', 'running', '{}')"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO workflow_step (workflow_step_id, workflow_run_id, step_name, "
+            "current_attempt) VALUES ('s1', 'r1', 'old-step', 1)"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO workflow_step_history (history_id, workflow_step_id, status, attempt) "
+            "VALUES ('h1', 's1', 'running', 1)"
+        )
+    store.init()
+    assert store.schema_revision() == migrate.head_revision()
+    store.record_attempt("s1", 1, "succeeded", result="done")
+    [attempt] = store.get_run_history("r1")
+    assert (attempt.step_name, attempt.status, attempt.result) == ("old-step", "succeeded", "done")
+    assert (attempt.delivery_count, attempt.worker) == (0, None)
+    store.close()

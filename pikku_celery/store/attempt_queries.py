@@ -1,0 +1,249 @@
+"""Statements for writes that name their attempt: the shape events from Celery take.
+
+Events come late, twice and out of order from several processes, so every
+statement here is safe to apply in any order: an attempt's status only moves
+forward, and the step row only follows its newest attempt.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.dml import Insert, Update
+
+from pikku_celery.schema import workflow_runs as runs
+from pikku_celery.schema import workflow_step as steps
+from pikku_celery.schema import workflow_step_history as history
+from pikku_celery.store.models import STATUS_RANK
+from pikku_celery.store.queries import TIMESTAMP_COLUMN, rank
+
+__all__ = [
+    "complete_run_if_done",
+    "insert_run_once",
+    "record_attempt",
+    "record_attempt_step",
+    "schedule_attempt",
+    "schedule_step",
+    "settle_run",
+    "touch_run",
+]
+
+P = sa.bindparam
+_TERMINAL: Final = ("succeeded", "failed", "cancelled")
+_EXECUTION_COLUMNS: Final = ("task_id", "worker", "pid", "eta")
+
+
+def _insert_for(dialect: str) -> Any:
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+
+
+# --- publishing -----------------------------------------------------------------
+
+
+@cache
+def insert_run_once(dialect: str) -> Insert:
+    """A run of its own for a lone task; a second publish of it changes nothing."""
+    insert: Insert = _insert_for(dialect)(runs)
+    return insert.on_conflict_do_nothing(index_elements=["workflow_run_id"])  # type: ignore[attr-defined,no-any-return]
+
+
+@cache
+def schedule_step(dialect: str) -> Insert:
+    """Insert a step under the first free name: ``name``, then ``name#2``, ``name#3``...
+
+    Nothing is written when the step id exists already (a retry republishes
+    its message with the same id). RETURNING tells the two outcomes apart.
+    """
+    taken = (
+        sa.select(sa.func.count())
+        .where(
+            steps.c.workflow_run_id == P("run_id"),
+            sa.or_(
+                steps.c.step_name == P("base_name"),
+                steps.c.step_name.like(P("name_pattern"), escape="\\"),
+            ),
+        )
+        .scalar_subquery()
+    )
+    name = sa.case(
+        (taken == 0, sa.cast(P("base_name"), sa.Text)),
+        else_=sa.cast(P("base_name"), sa.Text) + "#" + sa.cast(taken + 1, sa.Text),
+    )
+
+    def typed(name: str, type_: Any) -> sa.ColumnElement[Any]:
+        # PostgreSQL needs each parameter's type in INSERT ... SELECT; SQLite's
+        # CAST would instead turn a timestamp into a number.
+        return sa.cast(P(name), type_) if dialect == "postgresql" else P(name, type_=type_)
+
+    values: dict[str, Any] = {
+        "workflow_step_id": typed("step_id", sa.Text()),
+        "workflow_run_id": typed("run_id", sa.Text()),
+        "step_name": name,
+        "rpc_name": typed("rpc_name", sa.Text()),
+        "data": typed("data", steps.c.data.type),
+        "status": sa.literal("scheduled", sa.Text),
+        "retries": typed("retries", sa.Integer()),
+        "retry_delay": typed("retry_delay", sa.Text()),
+        "from_step_name": typed("from_step_name", sa.Text()),
+        "current_attempt": sa.literal(1, sa.Integer),
+        "created_at": typed("now", steps.c.created_at.type),
+        "updated_at": typed("now", steps.c.updated_at.type),
+    }
+    # SQLite needs a WHERE in INSERT ... SELECT ... ON CONFLICT to parse it.
+    select = sa.select(*values.values()).where(sa.true())
+    insert = _insert_for(dialect)(steps).from_select(list(values), select)
+    return insert.on_conflict_do_nothing().returning(steps.c.step_name)  # type: ignore[no-any-return]
+
+
+@cache
+def schedule_attempt(dialect: str) -> Insert:
+    insert = _insert_for(dialect)(history).values(
+        history_id=P("history_id"),
+        workflow_step_id=P("step_id"),
+        attempt=1,
+        status="scheduled",
+        created_at=P("now"),
+        scheduled_at=P("now"),
+        eta=P("eta"),
+        task_id=P("task_id"),
+        reason="first",
+    )
+    return insert.on_conflict_do_nothing(  # type: ignore[no-any-return]
+        index_elements=["workflow_step_id", "attempt"]
+    )
+
+
+# --- attempt-addressed transitions ------------------------------------------------
+
+
+def _step_values(status: str) -> dict[str, Any]:
+    moving_on = sa.func.coalesce(steps.c.current_attempt, 1) < P("attempt_no")
+    values: dict[str, Any] = {
+        "status": status,
+        "current_attempt": P("attempt_no"),
+        "updated_at": P("now"),
+    }
+    if status == "succeeded":
+        values.update(result=P("result"), error=None)
+    elif status in _TERMINAL:
+        values.update(result=None, error=P("error"))
+    else:  # a new attempt starts clean; the same attempt keeps what it has
+        values.update(
+            result=sa.case((moving_on, sa.null()), else_=steps.c.result),
+            error=sa.case((moving_on, sa.null()), else_=steps.c.error),
+        )
+    return values
+
+
+@cache
+def record_attempt_step(status: str) -> Update:
+    """The step row follows attempt K only if K is its newest attempt and K moves forward."""
+    current = sa.func.coalesce(steps.c.current_attempt, 1)
+    return (
+        sa.update(steps)
+        .where(
+            steps.c.workflow_step_id == P("step_id"),
+            sa.or_(
+                current < P("attempt_no"),
+                sa.and_(current == P("attempt_no"), rank(steps.c.status) < STATUS_RANK[status]),
+            ),
+        )
+        .values(**_step_values(status))
+    )
+
+
+@cache
+def record_attempt(dialect: str, status: str) -> Insert:
+    """Upsert attempt K's row; on PostgreSQL the step row's update rides along (one trip)."""
+    stamp = TIMESTAMP_COLUMN[status]
+    values: dict[str, Any] = {
+        "history_id": P("history_id"),
+        "workflow_step_id": P("step_id"),
+        "attempt": P("attempt_no"),
+        "status": status,
+        "created_at": P("now"),
+        "task_id": P("task_id"),
+        "worker": P("worker"),
+        "pid": P("pid"),
+        "eta": P("eta"),
+        "reason": P("reason"),
+        # Each start of an attempt is one delivery of its message.
+        "delivery_count": 1 if status == "running" else 0,
+    }
+    if stamp is not None:
+        values[stamp] = P("now")
+    if status == "succeeded":
+        values["result"] = P("result")
+    elif status in _TERMINAL:
+        values["error"] = P("error")
+
+    insert = _insert_for(dialect)(history).values(**values)
+    excluded = insert.excluded
+    forward = rank(history.c.status) < STATUS_RANK[status]
+
+    def if_forward(column: str) -> sa.ColumnElement[Any]:
+        return sa.case((forward, excluded[column]), else_=history.c[column])
+
+    updates: dict[str, Any] = {
+        "status": if_forward("status"),
+        "delivery_count": history.c.delivery_count + excluded.delivery_count,
+        "reason": sa.func.coalesce(history.c.reason, excluded.reason),
+    }
+    if stamp is not None:
+        # A late "scheduled" or "running" still fills in when that happened; an
+        # outcome's time is only written with the outcome itself.
+        updates[stamp] = sa.func.coalesce(
+            history.c[stamp], if_forward(stamp) if status in _TERMINAL else excluded[stamp]
+        )
+    if status in _TERMINAL:
+        updates["result"] = (
+            if_forward("result")
+            if status == "succeeded"
+            else sa.case((forward, sa.null()), else_=history.c.result)
+        )
+        updates["error"] = (
+            if_forward("error")
+            if status != "succeeded"
+            else sa.case((forward, sa.null()), else_=history.c.error)
+        )
+    for column in _EXECUTION_COLUMNS:
+        # A later delivery runs somewhere else: the row says where it ran last.
+        updates[column] = sa.func.coalesce(excluded[column], history.c[column])
+    statement = insert.on_conflict_do_update(
+        index_elements=["workflow_step_id", "attempt"], set_=updates
+    )
+    if dialect == "postgresql":
+        statement = statement.add_cte(record_attempt_step(status).cte("step"))
+    return statement  # type: ignore[no-any-return]
+
+
+# --- run outcome ----------------------------------------------------------------
+
+touch_run: Final = (
+    sa.update(runs).where(runs.c.workflow_run_id == P("run_id")).values(updated_at=P("now"))
+)
+
+# Guarded in SQL: the run completes only while no step of it is unfinished. The
+# caller touches the run row first in the same transaction, so two last steps
+# finishing at once serialise on it and the second one sees the first.
+complete_run_if_done: Final = (
+    sa.update(runs)
+    .where(
+        runs.c.workflow_run_id == P("run_id"),
+        runs.c.status.in_(("running", "suspended")),
+        ~sa.exists().where(
+            steps.c.workflow_run_id == runs.c.workflow_run_id,
+            steps.c.status != "succeeded",
+        ),
+    )
+    .values(status="completed", output=P("output"), error=None, updated_at=P("now"))
+)
+
+settle_run: Final = (
+    sa.update(runs)
+    .where(runs.c.workflow_run_id == P("run_id"), runs.c.status.in_(("running", "suspended")))
+    .values(status=P("new_status"), error=P("error"), updated_at=P("now"))
+)

@@ -1,0 +1,190 @@
+"""Writes addressed to attempt K of a step: what an event from a worker carries.
+
+Each method is safe to call late, twice, or before the event that should have
+come first; see ``attempt_queries`` for the rules that make that so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from pikku_celery.errors import InvalidStatus, RunNotFound, StepNotFound, StoreError
+from pikku_celery.store import attempt_queries as aq
+from pikku_celery.store import queries as q
+from pikku_celery.store.base import UNSET, ErrorLike, StoreBase, _Unset, new_id, now
+
+__all__ = ["AttemptWrites", "NewRun"]
+
+_ATTEMPT_EVENTS: Final = frozenset({"scheduled", "running", "succeeded", "failed", "cancelled"})
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """A run to create with a step, when the step is not part of one yet."""
+
+    workflow: str
+    input: Any
+    wire: Any = None
+
+
+def _like_prefix(name: str) -> str:
+    escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"{escaped}#%"
+
+
+class AttemptWrites(StoreBase):
+    def schedule_step(
+        self,
+        run_id: str,
+        step_id: str,
+        step_name: str,
+        rpc_name: str | None,
+        data: Any,
+        *,
+        from_step_name: str | None = None,
+        retries: int | None = None,
+        retry_delay: float | str | None = None,
+        eta: dt.datetime | None = None,
+        task_id: str | None = None,
+        new_run: NewRun | None = None,
+        conn: sa.Connection | None = None,
+    ) -> str | None:
+        """Record a published step as scheduled (attempt 1), creating its run if asked.
+
+        The step gets ``step_name``, or ``step_name#N`` when the run has that
+        name already. Returns the name it got, or None when ``step_id`` was
+        recorded before (a republish of the same message).
+        """
+        timestamp = now()
+        params = {
+            "run_id": run_id,
+            "step_id": step_id,
+            "base_name": step_name,
+            "name_pattern": _like_prefix(step_name),
+            "rpc_name": rpc_name,
+            "data": self._json(data, f"input of step {step_name!r}"),
+            "retries": retries,
+            "retry_delay": None if retry_delay is None else str(retry_delay),
+            "from_step_name": from_step_name,
+            "now": timestamp,
+            "history_id": new_id(),
+            "eta": eta,
+            "task_id": task_id,
+        }
+        run_row = None
+        if new_run is not None:
+            run_row = {
+                "workflow_run_id": run_id,
+                "workflow": new_run.workflow,
+                "status": "running",
+                "input": self._json(new_run.input, "run input"),
+                "state": "{}",
+                "wire": None if new_run.wire is None else self._json(new_run.wire, "wire"),
+                "created_at": timestamp,
+                "updated_at": timestamp,
+            }
+        for _ in range(20):  # each loop lost a race for a name to another publisher
+            try:
+                with self._tx(conn) as c:
+                    if run_row is not None:
+                        c.execute(aq.insert_run_once(self.dialect), run_row)
+                    name = c.execute(aq.schedule_step(self.dialect), params).scalar()
+                    if name is not None:
+                        c.execute(aq.schedule_attempt(self.dialect), params)
+                        return str(name)
+                    if c.execute(q.step_exists, {"step_id": step_id}).first() is not None:
+                        return None
+            except StoreError as exc:
+                if isinstance(exc.__cause__, sa_exc.IntegrityError):
+                    raise RunNotFound(run_id) from exc.__cause__
+                raise
+        raise StoreError(
+            f"Could not find a free name for step {step_name!r} in run {run_id!r} after 20 "
+            "tries; give the step an explicit name."
+        )
+
+    def record_attempt(
+        self,
+        step_id: str,
+        attempt: int,
+        status: str,
+        *,
+        result: Any = UNSET,
+        error: ErrorLike | None = None,
+        task_id: str | None = None,
+        worker: str | None = None,
+        pid: int | None = None,
+        eta: dt.datetime | None = None,
+        reason: str | None = None,
+        conn: sa.Connection | None = None,
+    ) -> None:
+        """Attempt ``attempt`` of the step moved to ``status``: both rows, no read first.
+
+        The attempt row is created if it does not exist yet. A ``running``
+        event for an attempt that already ran is a redelivery: it adds to the
+        attempt's ``delivery_count`` and never makes a new attempt.
+        """
+        if status not in _ATTEMPT_EVENTS:
+            raise InvalidStatus("attempt", status, _ATTEMPT_EVENTS)
+        if attempt < 1:
+            raise ValueError(f"Attempts are numbered from 1, not {attempt}.")
+        params: dict[str, Any] = {
+            "step_id": step_id,
+            "attempt_no": attempt,
+            "history_id": new_id(),
+            "now": now(),
+            "task_id": task_id,
+            "worker": worker,
+            "pid": pid,
+            "eta": eta,
+            "reason": reason,
+        }
+        if status == "succeeded":
+            params["result"] = self._json(
+                None if isinstance(result, _Unset) else result, "step result"
+            )
+        elif status in ("failed", "cancelled"):
+            params["error"] = None if error is None else self._error_json(error)
+        try:
+            with self._tx(conn) as c:
+                if not self._pg:
+                    c.execute(aq.record_attempt_step(status), params)
+                c.execute(aq.record_attempt(self.dialect, status), params)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, sa_exc.IntegrityError):
+                raise StepNotFound(step_id=step_id) from exc.__cause__
+            raise
+
+    def complete_run_if_done(
+        self, run_id: str, output: Any, *, conn: sa.Connection | None = None
+    ) -> bool:
+        """Complete the run with ``output`` if every step of it has succeeded."""
+        params = {"run_id": run_id, "now": now(), "output": self._json(output, "run output")}
+        with self._tx(conn) as c:
+            c.execute(aq.touch_run, params)
+            return bool(c.execute(aq.complete_run_if_done, params).rowcount)
+
+    def settle_run(
+        self,
+        run_id: str,
+        status: str,
+        error: ErrorLike | None = None,
+        *,
+        conn: sa.Connection | None = None,
+    ) -> bool:
+        """End a run that is still going as ``failed`` or ``cancelled``; a settled run stays."""
+        if status not in ("failed", "cancelled"):
+            raise InvalidStatus("settled run", status, frozenset({"failed", "cancelled"}))
+        params = {
+            "run_id": run_id,
+            "new_status": status,
+            "error": None if error is None else self._error_json(error),
+            "now": now(),
+        }
+        with self._tx(conn) as c:
+            return bool(c.execute(aq.settle_run, params).rowcount)

@@ -1,0 +1,166 @@
+"""The plumbing every store write and read shares: engine, transactions, errors.
+
+The only code that sends SQL (statements live in ``queries``). Knows nothing
+of Celery. Every write takes an optional connection: given one, it runs there
+and leaves committing to the caller; otherwise it commits its own transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Final, Literal
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from pikku_celery import migrate
+from pikku_celery.errors import (
+    PikkuCeleryError,
+    SchemaNotCurrent,
+    StoreError,
+    StoreUnavailable,
+)
+from pikku_celery.store.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, error_document
+from pikku_celery.store.engine import configure_engine, make_engine, safe_url
+
+__all__ = ["UNSET", "ErrorLike", "StoreBase", "new_id", "now"]
+
+logger = logging.getLogger(__name__)
+
+ErrorLike = BaseException | Mapping[str, Any] | str
+NewAttemptStatus = Literal["pending", "scheduled", "running"]
+_NEW_ATTEMPT_STATUSES: Final = frozenset({"pending", "scheduled", "running"})
+_VERSION_STATUSES: Final = frozenset({"draft", "active", "declined"})
+_MAX_PAGE: Final = 1000
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset()
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class StoreBase:
+    """Reads and writes workflow runs, steps and attempts in one SQL database.
+
+    ``WorkflowStore("postgresql://...")``, ``WorkflowStore("sqlite:///pikku.db")``
+    or ``WorkflowStore(engine)``. Call :meth:`init` (or ``pikku-celery db
+    upgrade``) once to bring the schema up to date.
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | sa.URL | sa.Engine | None = None,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        if isinstance(url_or_engine, sa.Engine):
+            self._owns_engine = False
+            self.engine = configure_engine(url_or_engine)
+        else:
+            self._owns_engine = True
+            self.engine = make_engine(url_or_engine)
+        self.dialect: str = self.engine.dialect.name
+        self._pg = self.dialect == "postgresql"
+        self.codec = JsonCodec(max_bytes=max_payload_bytes, allow_nul=not self._pg)
+
+    def __repr__(self) -> str:
+        return f"WorkflowStore({safe_url(self.engine.url)!r})"
+
+    # --- lifecycle ---------------------------------------------------------
+
+    def init(self) -> None:
+        """Bring the database to the latest schema; does nothing when it is already there."""
+        with self._errors():
+            migrate.upgrade(self.engine)
+
+    def schema_revision(self) -> str | None:
+        """The schema revision the database is at (None: pikku-celery never ran there)."""
+        with self._errors():
+            return migrate.current_revision(self.engine)
+
+    @staticmethod
+    def latest_schema_revision() -> str:
+        return migrate.head_revision()
+
+    def close(self) -> None:
+        """Release the store's connections (an engine passed in is left to its owner)."""
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def dispose_after_fork(self) -> None:
+        """Forget connections inherited from a parent process without closing them."""
+        self.engine.dispose(close=False)
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Driver errors become pikku-celery errors, the driver's on ``__cause__``."""
+        try:
+            yield
+        except PikkuCeleryError:
+            raise
+        except sa_exc.DBAPIError as exc:
+            text = str(exc.orig).lower()
+            if (
+                "no such table" in text
+                or "undefinedtable" in type(exc.orig).__name__.lower()
+                or ("does not exist" in text and "relation" in text)
+                or "no such column" in text
+            ):
+                raise SchemaNotCurrent(
+                    f"The workflow tables at {safe_url(self.engine.url)} are missing or old; "
+                    "run `pikku-celery db upgrade` (or WorkflowStore.init())."
+                ) from exc
+            if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError) or (
+                exc.connection_invalidated
+            ):
+                raise StoreUnavailable(
+                    f"The workflow database {safe_url(self.engine.url)} cannot be reached "
+                    f"({type(exc.orig).__name__}); check that it is running and the URL is right."
+                ) from exc
+            raise StoreError(
+                f"The workflow database refused a statement ({type(exc.orig).__name__}: "
+                f"{str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ''})."
+            ) from exc
+
+    @contextmanager
+    def _tx(self, conn: sa.Connection | None) -> Iterator[sa.Connection]:
+        with self._errors():
+            if conn is not None:
+                yield conn
+            else:
+                with self.engine.begin() as own:
+                    yield own
+
+    @contextmanager
+    def _read(self, conn: sa.Connection | None) -> Iterator[sa.Connection]:
+        with self._errors():
+            if conn is not None:
+                yield conn
+            else:
+                with self.engine.connect() as own:
+                    yield own
+
+    def transaction(self) -> Any:
+        """A transaction to pass as ``conn=`` so several writes commit together."""
+        return self.engine.begin()
+
+    def _json(self, value: Any, what: str) -> str:
+        return self.codec.encode(value, what)
+
+    def _error_json(self, error: ErrorLike) -> str:
+        return self.codec.encode(error_document(error), "error")

@@ -1,0 +1,219 @@
+"""Attempt-addressed writes: events in any order, twice, late — the mirror converges."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from pikku_celery import RunNotFound, StepNotFound, WorkflowStore
+from pikku_celery.store.attempt_writes import NewRun
+from tests.support.statements import count_statements
+
+Event = Callable[[WorkflowStore, str], None]
+
+
+def scheduled_step(store: WorkflowStore, name: str = "charge") -> tuple[str, str]:
+    run_id = str(uuid.uuid4())
+    step_id = str(uuid.uuid4())
+    got = store.schedule_step(
+        run_id, step_id, name, f"shop.{name}", {"args": [1]}, new_run=NewRun("charge", {"o": 1})
+    )
+    assert got == name
+    return run_id, step_id
+
+
+def test_publish_records_a_scheduled_step_and_its_run(store: WorkflowStore) -> None:
+    run_id, step_id = scheduled_step(store)
+    run = store.get_run(run_id)
+    assert (run.workflow, run.status, run.input) == ("charge", "running", {"o": 1})
+    state = store.get_step_state(run_id, "charge")
+    assert (state.step_id, state.status, state.attempt_count, state.data) == (
+        step_id,
+        "scheduled",
+        1,
+        {"args": [1]},
+    )
+    [attempt] = store.get_run_history(run_id)
+    assert (attempt.attempt, attempt.status, attempt.reason) == (1, "scheduled", "first")
+    assert attempt.scheduled_at is not None
+
+
+def test_republish_of_the_same_step_changes_nothing(store: WorkflowStore) -> None:
+    run_id, step_id = scheduled_step(store)
+    again = store.schedule_step(
+        run_id, step_id, "charge", "shop.charge", {}, new_run=NewRun("charge", {"o": 2})
+    )
+    assert again is None
+    assert len(store.list_step_states(run_id)) == 1
+    assert store.get_run(run_id).input == {"o": 1}
+
+
+@pytest.mark.parametrize("name", ["add", "50%_off", "back\\slash", "a#b"])
+def test_repeated_names_get_ordinals_in_publish_order(store: WorkflowStore, name: str) -> None:
+    run_id = store.create_run("canvas", {})
+    names = [
+        store.schedule_step(run_id, str(uuid.uuid4()), name, "t.add", [], from_step_name=None)
+        for _ in range(3)
+    ]
+    assert names == [name, f"{name}#2", f"{name}#3"]
+    # A name that merely shares a prefix is a different step.
+    assert store.schedule_step(run_id, str(uuid.uuid4()), f"{name}x", None, []) == f"{name}x"
+
+
+def test_step_of_a_missing_run_is_a_typed_error(store: WorkflowStore) -> None:
+    with pytest.raises(RunNotFound):
+        store.schedule_step("no-run", "s", "charge", None, [])
+
+
+def test_running_event_is_one_round_trip(store: WorkflowStore) -> None:
+    _, step_id = scheduled_step(store)
+    with count_statements(store.engine) as log:
+        store.record_attempt(step_id, 1, "running", task_id=step_id, worker="w1", pid=7)
+    if store.dialect == "postgresql":
+        assert len(log) == 1
+    else:
+        assert log.verbs() == ["UPDATE", "INSERT"]  # the attempt row is upserted
+
+
+def test_execution_details_are_recorded(store: WorkflowStore) -> None:
+    run_id, step_id = scheduled_step(store)
+    store.record_attempt(step_id, 1, "running", task_id="celery-id", worker="celery@a", pid=42)
+    store.record_attempt(step_id, 1, "succeeded", result={"paid": True})
+    [attempt] = store.get_run_history(run_id)
+    assert (attempt.status, attempt.result, attempt.task_id, attempt.worker, attempt.pid) == (
+        "succeeded",
+        {"paid": True},
+        "celery-id",
+        "celery@a",
+        42,
+    )
+    assert attempt.delivery_count == 1
+    assert attempt.running_at is not None and attempt.succeeded_at is not None
+
+
+def retry_story() -> list[tuple[str, Event]]:
+    """Attempt 1 runs and is retried; attempt 2 runs and succeeds (as Celery reports it)."""
+    eta = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+    return [
+        ("1 running", lambda s, i: s.record_attempt(i, 1, "running", worker="w1")),
+        (
+            "1 failed + 2 scheduled",
+            lambda s, i: (
+                (
+                    s.record_attempt(i, 1, "failed", error=ValueError("timeout")),
+                    s.record_attempt(i, 2, "scheduled", eta=eta, reason="retry"),
+                )
+                and None
+            ),
+        ),
+        ("2 running", lambda s, i: s.record_attempt(i, 2, "running", worker="w2")),
+        ("2 succeeded", lambda s, i: s.record_attempt(i, 2, "succeeded", result="ok")),
+    ]
+
+
+def snapshot(store: WorkflowStore, run_id: str) -> tuple[Any, ...]:
+    state = store.get_step_state(run_id, "charge")
+    history = store.get_run_history(run_id)
+    return (
+        (state.status, state.attempt_count, state.result, state.error),
+        [
+            (
+                a.attempt,
+                a.status,
+                a.result,
+                a.error and a.error["message"],
+                a.worker,
+                a.delivery_count,
+                a.eta is not None,
+                a.running_at is not None,
+            )
+            for a in history
+        ],
+    )
+
+
+def test_every_order_of_events_converges_to_the_ordered_outcome(store: WorkflowStore) -> None:
+    story = retry_story()
+    run_id, step_id = scheduled_step(store)
+    for _, event in story:
+        event(store, step_id)
+    expected = snapshot(store, run_id)
+    assert expected[0] == ("succeeded", 2, "ok", None)
+    assert [row[:2] for row in expected[1]] == [(1, "failed"), (2, "succeeded")]
+
+    for order in itertools.permutations(story):
+        run_id, step_id = scheduled_step(store)
+        for _, event in order:
+            event(store, step_id)
+        assert snapshot(store, run_id) == expected, [label for label, _ in order]
+
+
+def test_duplicate_terminal_events_change_nothing(store: WorkflowStore) -> None:
+    run_id, step_id = scheduled_step(store)
+    store.record_attempt(step_id, 1, "running")
+    store.record_attempt(step_id, 1, "succeeded", result=1)
+    before = snapshot(store, run_id)
+    store.record_attempt(step_id, 1, "succeeded", result=2)
+    store.record_attempt(step_id, 1, "failed", error=ValueError("late"))
+    store.record_attempt(step_id, 1, "scheduled")
+    assert snapshot(store, run_id) == before
+
+
+def test_redelivery_counts_on_the_same_attempt(store: WorkflowStore) -> None:
+    run_id, step_id = scheduled_step(store)
+    store.record_attempt(step_id, 1, "running", worker="w1", pid=1)
+    store.record_attempt(step_id, 1, "running", worker="w2", pid=2)  # the message came back
+    store.record_attempt(step_id, 1, "succeeded", result="ok")
+    [attempt] = store.get_run_history(run_id)
+    assert (attempt.attempt, attempt.status, attempt.delivery_count) == (1, "succeeded", 2)
+    assert (attempt.worker, attempt.pid) == ("w2", 2)
+    # Redelivered after it had already succeeded: counted, never rewound.
+    store.record_attempt(step_id, 1, "running", worker="w3")
+    [again] = store.get_run_history(run_id)
+    assert (again.status, again.delivery_count, again.result) == ("succeeded", 3, "ok")
+
+
+def test_attempt_row_is_created_when_it_is_missing(store: WorkflowStore) -> None:
+    run_id, step_id = scheduled_step(store)
+    store.record_attempt(step_id, 3, "running")  # attempts 2 and 3 never announced
+    state = store.get_step_state(run_id, "charge")
+    assert (state.status, state.attempt_count) == ("running", 3)
+    assert [(a.attempt, a.status) for a in store.get_run_history(run_id)] == [
+        (1, "scheduled"),
+        (3, "running"),
+    ]
+
+
+def test_event_for_unknown_step_is_a_typed_error(store: WorkflowStore) -> None:
+    with pytest.raises(StepNotFound):
+        store.record_attempt("missing", 1, "running")
+
+
+def test_run_completes_only_when_every_step_succeeded(store: WorkflowStore) -> None:
+    run_id = store.create_run("canvas", {})
+    a = str(uuid.uuid4())
+    b = str(uuid.uuid4())
+    store.schedule_step(run_id, a, "a", None, [])
+    store.schedule_step(run_id, b, "b", None, [])
+    store.record_attempt(a, 1, "succeeded", result=1)
+    assert store.complete_run_if_done(run_id, 1) is False
+    assert store.get_run(run_id).status == "running"
+    store.record_attempt(b, 1, "succeeded", result=0)
+    assert store.complete_run_if_done(run_id, 0) is True
+    run = store.get_run(run_id)
+    assert (run.status, run.output) == ("completed", 0)
+
+
+def test_settled_runs_stay_settled(store: WorkflowStore) -> None:
+    run_id = store.create_run("canvas", {})
+    assert store.settle_run(run_id, "failed", ValueError("charge failed")) is True
+    assert store.settle_run(run_id, "cancelled") is False
+    assert store.complete_run_if_done(run_id, "late") is False
+    run = store.get_run(run_id)
+    assert run.status == "failed"
+    assert run.error is not None and run.error["message"] == "charge failed"
