@@ -143,18 +143,63 @@ def capture_transitions(store: WorkflowStore) -> dict[str, list[Statement]]:
 # --- databases ----------------------------------------------------------------
 
 
-class Floor(Protocol):
-    def now(self) -> Any: ...
+class Cursor(Protocol):
+    @property
+    def description(self) -> Any: ...
 
-    def transition(self, status: str, values: dict[str, Any]) -> None: ...
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+
+class Connection(Protocol):
+    def commit(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class Floor:
+    """The captured statements replayed through a bare DBAPI connection.
+
+    A row a statement returns (the step's attempt number) feeds the
+    statements after it, as in the store.
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        execute: Callable[[str, Any], Cursor],
+        plan: dict[str, list[Statement]],
+        now: Callable[[], Any],
+    ) -> None:
+        self._conn = conn
+        self._execute = execute
+        self._plan = plan
+        self.now = now
+
+    def transition(self, status: str, values: dict[str, Any]) -> None:
+        for statement in self._plan[status]:
+            cursor = self._execute(statement.sql, statement.bind(values))
+            if cursor.description is not None:
+                row = cursor.fetchone()
+                if row is None:
+                    raise RuntimeError(f"floor transition to {status} changed nothing")
+                values["attempt_no"] = row[0]
+            elif cursor.rowcount != 1:
+                raise RuntimeError(f"floor transition to {status} missed a row")
+        self._conn.commit()
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 class Target(Protocol):
     name: str
 
     def fresh(self) -> str: ...
+
+    def now(self) -> Any: ...
 
     def floor(self, plan: dict[str, list[Statement]]) -> Floor: ...
 
@@ -174,29 +219,6 @@ def _conninfo(url: sa.URL) -> str:
         dbname=url.database,
         **query,
     )
-
-
-class PgFloor:
-    def __init__(self, conninfo: str, plan: dict[str, list[Statement]]) -> None:
-        for status, statements in plan.items():
-            if len(statements) != 1:
-                raise RuntimeError(f"expected one statement per {status} transition on PostgreSQL")
-        self._plan = {status: statements[0] for status, statements in plan.items()}
-        self._conn = psycopg.connect(conninfo)
-        self._cur = self._conn.cursor()
-
-    def now(self) -> Any:
-        return dt.datetime.now(dt.timezone.utc)
-
-    def transition(self, status: str, values: dict[str, Any]) -> None:
-        statement = self._plan[status]
-        self._cur.execute(statement.sql, statement.bind(values))
-        if self._cur.fetchone() is None:
-            raise RuntimeError(f"floor transition to {status} changed nothing")
-        self._conn.commit()
-
-    def close(self) -> None:
-        self._conn.close()
 
 
 class PgTarget:
@@ -221,8 +243,13 @@ class PgTarget:
             conn.execute(f"CREATE DATABASE {BENCH_DATABASE}")
         return self._bench.render_as_string(hide_password=False)
 
+    def now(self) -> Any:
+        return dt.datetime.now(dt.timezone.utc)
+
     def floor(self, plan: dict[str, list[Statement]]) -> Floor:
-        return PgFloor(self._conninfo, plan)
+        conn = psycopg.connect(self._conninfo)
+        cursor = conn.cursor()
+        return Floor(conn, cursor.execute, plan, self.now)
 
     def explain(self, statement: Statement, values: Mapping[str, Any]) -> list[str]:
         # ANALYZE runs the statement, so the plan shown is the one taken;
@@ -237,36 +264,6 @@ class PgTarget:
     def drop(self) -> None:
         with psycopg.connect(self._admin, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
-
-
-class SqliteFloor:
-    def __init__(self, path: Path, plan: dict[str, list[Statement]]) -> None:
-        for status, statements in plan.items():
-            if len(statements) != 2:
-                raise RuntimeError(f"expected two statements per {status} transition on SQLite")
-        self._plan = {status: (statements[0], statements[1]) for status, statements in plan.items()}
-        self._conn = sqlite3.connect(path)
-        _on_sqlite_connect(self._conn, None)
-        self._cur = self._conn.cursor()
-
-    def now(self) -> Any:
-        # The text SQLAlchemy's SQLite DateTime writes for the store's naive UTC.
-        return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None).isoformat(" ", "microseconds")
-
-    def transition(self, status: str, values: dict[str, Any]) -> None:
-        step, attempt = self._plan[status]
-        self._cur.execute(step.sql, step.bind(values))
-        row = self._cur.fetchone()
-        if row is None:
-            raise RuntimeError(f"floor transition to {status} changed nothing")
-        values["attempt_no"] = row[0]
-        self._cur.execute(attempt.sql, attempt.bind(values))
-        if self._cur.rowcount != 1:
-            raise RuntimeError(f"floor transition to {status} missed the attempt row")
-        self._conn.commit()
-
-    def close(self) -> None:
-        self._conn.close()
 
 
 class SqliteTarget:
@@ -288,8 +285,14 @@ class SqliteTarget:
         self._remove()
         return f"sqlite:///{self.path}"
 
+    def now(self) -> Any:
+        # The text SQLAlchemy's SQLite DateTime writes for the store's naive UTC.
+        return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None).isoformat(" ", "microseconds")
+
     def floor(self, plan: dict[str, list[Statement]]) -> Floor:
-        return SqliteFloor(self.path, plan)
+        conn = sqlite3.connect(self.path)
+        _on_sqlite_connect(conn, None)
+        return Floor(conn, conn.cursor().execute, plan, self.now)
 
     def explain(self, statement: Statement, values: Mapping[str, Any]) -> list[str]:
         conn = sqlite3.connect(self.path)
@@ -604,11 +607,21 @@ class Bulk:
                 {"lo": lo, "hi": min(lo + BULK_CHUNK - 1, h0 + attempts), "s0": s0, "h0": h0},
             )
         self.runs, self.steps, self.attempts = r0 + runs, s0 + steps, h0 + attempts
-        if self.pg:
-            # What autovacuum would do soon anyway; done now so it does not
-            # land in the middle of a measurement.
-            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                conn.exec_driver_sql("VACUUM ANALYZE")
+        self._settle()
+
+    def _settle(self) -> None:
+        """Do now the work the load leaves behind, so it does not land in a measurement."""
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            if not self.pg:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+                return
+            conn.exec_driver_sql("VACUUM ANALYZE")
+            try:
+                conn.exec_driver_sql("CHECKPOINT")
+            except sa.exc.DBAPIError:
+                # Needs superuser or pg_checkpoint; without it the server
+                # writes the load out in the background, a little noisier.
+                conn.rollback()
 
     def _insert(self, table: str, sql: str, params: dict[str, int]) -> None:
         with self.engine.begin() as conn:
@@ -664,7 +677,7 @@ def query_plans(target: Target, store: WorkflowStore) -> list[tuple[str, list[st
     transition = capture(store, lambda: store.set_step_running(captured))
     values = {
         "step_id": explained,
-        "now": _now_like(target),
+        "now": target.now(),
         "history_id": str(uuid.uuid4()),
         "attempt_no": 1,
     }
@@ -672,13 +685,6 @@ def query_plans(target: Target, store: WorkflowStore) -> list[tuple[str, list[st
     for statement in transition:
         plans.append(("transition: " + _head(statement.sql), target.explain(statement, values)))
     return plans
-
-
-def _now_like(target: Target) -> Any:
-    now = dt.datetime.now(dt.timezone.utc)
-    if target.name == "sqlite":
-        return now.replace(tzinfo=None).isoformat(" ", "microseconds")
-    return now
 
 
 def _head(sql: str) -> str:

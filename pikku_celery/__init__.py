@@ -14,6 +14,8 @@ from pikku_celery.errors import (
     StoreError,
     StoreUnavailable,
 )
+from pikku_celery.integration.app import PikkuCelery
+from pikku_celery.integration.task import WorkflowTask
 from pikku_celery.store import StepAttempt, StepState, WorkflowRun, WorkflowStore, WorkflowVersion
 
 __version__ = "0.1.0"
@@ -21,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigurationError",
     "PayloadTooLarge",
+    "PikkuCelery",
     "PikkuCeleryError",
     "RunNotFound",
     "SchemaNotCurrent",
@@ -33,6 +36,7 @@ __all__ = [
     "StoreUnavailable",
     "WorkflowRun",
     "WorkflowStore",
+    "WorkflowTask",
     "WorkflowVersion",
     "__version__",
 ]

@@ -1,0 +1,3 @@
+"""The Celery side: thin adapters that turn Celery's events into store calls. No SQL here."""
+
+from __future__ import annotations

@@ -1,0 +1,125 @@
+"""``PikkuCelery``: attach the SQL mirror to a Celery app."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from celery import Celery
+from celery.canvas import Signature
+
+from pikku_celery.errors import ConfigurationError
+from pikku_celery.integration import signals
+from pikku_celery.integration.mirror import CeleryMirror
+from pikku_celery.integration.task import WorkflowTask
+from pikku_celery.store import WorkflowStore
+from pikku_celery.store.engine import DEFAULT_DATABASE_URL, ENV_DATABASE_URL
+
+__all__ = ["PikkuCelery"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PikkuCelery:
+    """Mirrors every step, transition and retry attempt of a Celery app's workflow tasks.
+
+    The database URL comes from the argument, else ``app.conf.pikku_database_url``,
+    else ``PIKKU_DATABASE_URL``, else ``sqlite:///pikku.db``. Nothing connects
+    until the first event; connections are made per worker process.
+    """
+
+    def __init__(
+        self,
+        app: Celery,
+        database_url: str | None = None,
+        *,
+        store: WorkflowStore | None = None,
+    ) -> None:
+        if store is not None and database_url is not None:
+            raise ConfigurationError("Pass either database_url or store, not both.")
+        self.app = app
+        if store is None:
+            url = (
+                database_url
+                or app.conf.get("pikku_database_url")
+                or os.environ.get(ENV_DATABASE_URL)
+                or DEFAULT_DATABASE_URL
+            )
+            store = WorkflowStore(url)
+        self.mirror = CeleryMirror(store)
+        # Flower and `celery events` see every task and every retry.
+        app.conf.worker_send_task_events = True
+        app.conf.task_send_sent_event = True
+        signals.install(self)
+
+    @property
+    def store(self) -> WorkflowStore:
+        return self.mirror.store
+
+    @overload
+    def step(self, fn: F, /) -> Any: ...
+
+    @overload
+    def step(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        step_name: str | None = None,
+        retries: int | None = None,
+        retry_delay: float | None = None,
+        backoff: bool | int = False,
+        **options: Any,
+    ) -> Callable[[F], Any]: ...
+
+    def step(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        step_name: str | None = None,
+        retries: int | None = None,
+        retry_delay: float | None = None,
+        backoff: bool | int = False,
+        **options: Any,
+    ) -> Any:
+        """A Celery task whose every attempt is a mirrored attempt of a step.
+
+        ``retries`` retries any exception that many times through Celery's own
+        ``autoretry_for``/``max_retries`` (a retry is a real Celery retry,
+        visible as such in Flower); ``retry_delay`` is the delay in seconds and
+        ``backoff`` turns on Celery's exponential backoff. Other keyword
+        arguments are Celery task options.
+        """
+        task_options: dict[str, Any] = {"base": WorkflowTask, **options}
+        if name is not None:
+            task_options["name"] = name
+        if step_name is not None:
+            task_options["pikku_step_name"] = step_name
+        if retries is not None:
+            if retries < 0:
+                raise ConfigurationError("retries must be 0 or more.")
+            task_options.setdefault("autoretry_for", (Exception,))
+            task_options["max_retries"] = retries
+        if retry_delay is not None:
+            task_options["default_retry_delay"] = retry_delay
+        if backoff:
+            task_options["retry_backoff"] = backoff
+        decorator = self.app.task(**task_options)
+        return decorator(fn) if fn is not None else decorator
+
+    def run(self, signature: Signature[Any], *, name: str, input: Any = None) -> str:
+        """Publish a task or canvas (chain, group, chord, nested) as one run; returns its id."""
+        run_id = self.store.create_run(name, input, wire={"type": "canvas"})
+        token = signals.current_run.set(signals.RunContext(run_id))
+        try:
+            signature.apply_async()
+        except Exception as exc:
+            self.store.settle_run(run_id, "failed", exc)
+            raise
+        finally:
+            signals.current_run.reset(token)
+        return run_id

@@ -1,0 +1,24 @@
+"""The message headers that carry a step's identity from publisher to worker and on to children.
+
+Celery copies custom headers onto ``task.request`` and keeps them when a task
+retries, so a retried message still knows its run and step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+RUN_ID: Final = "pikku_run_id"
+# The step's name in its run, as the mirror assigned it (or as the user chose it).
+STEP_NAME: Final = "pikku_step"
+# For a task that is not a step (a chord's unlock task): the step its children follow.
+PARENT_STEP: Final = "pikku_parent_step"
+
+
+def from_request(request: Any, name: str) -> Any:
+    """A pikku header of a running task's request, or None."""
+    value = getattr(request, name, None)
+    if value is None:
+        headers = getattr(request, "headers", None) or {}
+        value = headers.get(name)
+    return value

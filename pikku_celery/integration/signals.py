@@ -1,0 +1,291 @@
+"""Celery signal handlers: read what Celery says, hand it to the mirror. Nothing else.
+
+Handlers are connected once, explicitly, by :func:`install` (``weak=False``
+and a ``dispatch_uid``, so a second install changes nothing). Each handler
+ignores tasks that are not a ``WorkflowTask`` and never raises.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from celery import current_task, signals
+from celery.exceptions import Retry
+
+from pikku_celery.integration import headers as h
+from pikku_celery.integration.mirror import PublishedStep
+from pikku_celery.integration.task import WorkflowTask
+from pikku_celery.store.attempt_writes import NewRun
+from pikku_celery.store.codec import error_document
+
+if TYPE_CHECKING:
+    from pikku_celery.integration.app import PikkuCelery
+
+__all__ = ["RunContext", "current_run", "install", "registry"]
+
+logger = logging.getLogger(__name__)
+
+_UID: Final = "pikku_celery.{}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    """The run that tasks published right now belong to, and the step they follow."""
+
+    run_id: str
+    parent_step: str | None = None
+
+
+#: Set by ``PikkuCelery.run`` while it publishes a canvas.
+current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
+    "pikku_celery_current_run", default=None
+)
+
+#: Every installed ``PikkuCelery``, by the id of its Celery app.
+registry: dict[int, PikkuCelery] = {}
+
+
+def install(pikku: PikkuCelery) -> None:
+    registry[id(pikku.app)] = pikku
+    for signal, handler in _HANDLERS:
+        signal.connect(handler, weak=False, dispatch_uid=_UID.format(handler.__name__))
+
+
+def _isolated(handler: Callable[..., None]) -> Callable[..., None]:
+    """Whatever goes wrong in a handler is logged, never raised into Celery."""
+
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            handler(*args, **kwargs)
+        except Exception:
+            logger.exception(
+                "pikku-celery signal handler %s failed",
+                handler.__name__,
+                extra={"action": "signal_handler_failed", "handler": handler.__name__},
+            )
+
+    run.__name__ = handler.__name__
+    return run
+
+
+def _pikku_for(task: Any) -> PikkuCelery | None:
+    if not isinstance(task, WorkflowTask):
+        return None
+    return registry.get(id(task.app))
+
+
+def _lookup(task_name: str) -> tuple[Any, PikkuCelery | None]:
+    for pikku in registry.values():
+        task = pikku.app.tasks.get(task_name)
+        if task is not None:
+            return task, pikku if isinstance(task, WorkflowTask) else None
+    return None, None
+
+
+def _publish_context(message_headers: dict[str, Any]) -> RunContext | None:
+    run_id = message_headers.get(h.RUN_ID)
+    if run_id:
+        return RunContext(run_id, message_headers.get(h.PARENT_STEP))
+    explicit = current_run.get()
+    if explicit is not None:
+        return explicit
+    # Published from inside a running task (a chain's next link, a chord's
+    # body, a child task): it joins that task's run, after that task's step.
+    task: Any = current_task._get_current_object() if current_task else None  # type: ignore[attr-defined]
+    request = getattr(task, "request", None)
+    run_id = h.from_request(request, h.RUN_ID) if request is not None else None
+    if not run_id:
+        return None
+    parent = h.from_request(request, h.STEP_NAME) or h.from_request(request, h.PARENT_STEP)
+    return RunContext(run_id, parent)
+
+
+def _eta(value: Any) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        moment = value
+    elif isinstance(value, str):
+        moment = dt.datetime.fromisoformat(value)
+    elif isinstance(value, int | float):
+        moment = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=value)
+    else:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+
+
+def _call_data(args: Any, kwargs: Any) -> dict[str, Any]:
+    return {"args": list(args or ()), "kwargs": dict(kwargs or {})}
+
+
+def _attempt(task: Any) -> int:
+    return int(getattr(task.request, "retries", 0) or 0) + 1
+
+
+@_isolated
+def before_task_publish(
+    sender: str | None = None,
+    headers: dict[str, Any] | None = None,
+    properties: dict[str, Any] | None = None,
+    body: Any = None,
+    **_: Any,
+) -> None:
+    if headers is None or sender is None:
+        return  # message protocol 1 carries no headers to follow
+    context = _publish_context(headers)
+    task, pikku = _lookup(sender)
+    if pikku is None:
+        if context is not None:  # not a step, but its children stay in the run
+            headers.setdefault(h.RUN_ID, context.run_id)
+            if context.parent_step:
+                headers.setdefault(h.PARENT_STEP, context.parent_step)
+        return
+    if headers.get("retries"):
+        return  # a retry republishes its step; the retry handler records the attempt
+    step_id = str(headers["id"])
+    args, kwargs = (
+        (body[0], body[1]) if isinstance(body, list | tuple) and len(body) >= 2 else ((), {})
+    )
+    base_name = (
+        (properties or {}).get(h.STEP_NAME)
+        or headers.get(h.STEP_NAME)
+        or task.step_name_for(task.name)
+    )
+    data = _call_data(args, kwargs)
+    if context is None:  # a lone task is a run of its own, under its own task id
+        run_id, parent, new_run = step_id, None, NewRun(task.name, data, {"type": "task"})
+    else:
+        run_id, parent, new_run = context.run_id, context.parent_step, None
+    name = pikku.mirror.published(
+        PublishedStep(
+            run_id=run_id,
+            step_id=step_id,
+            step_name=str(base_name),
+            rpc_name=task.name,
+            data=data,
+            from_step_name=parent,
+            retries=task.max_retries,
+            retry_delay=task.default_retry_delay,
+            eta=_eta(headers.get("eta")),
+            new_run=new_run,
+        )
+    )
+    headers[h.RUN_ID] = run_id
+    headers[h.STEP_NAME] = name or str(base_name)
+
+
+@_isolated
+def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any) -> None:
+    pikku = _pikku_for(task)
+    if pikku is None:
+        return
+    request = task.request
+    step_id = str(request.id)
+    run_id = h.from_request(request, h.RUN_ID) or step_id
+
+    def adopt() -> PublishedStep:
+        data = _call_data(args, kwargs)
+        return PublishedStep(
+            run_id=run_id,
+            step_id=step_id,
+            step_name=h.from_request(request, h.STEP_NAME) or task.step_name_for(task.name),
+            rpc_name=task.name,
+            data=data,
+            retries=task.max_retries,
+            retry_delay=task.default_retry_delay,
+            new_run=NewRun(task.name, data, {"type": "task"}),
+        )
+
+    pikku.mirror.started(
+        step_id, _attempt(task), worker=request.hostname, pid=os.getpid(), adopt=adopt
+    )
+
+
+@_isolated
+def task_retry(
+    sender: Any = None, request: Any = None, reason: Any = None, einfo: Any = None, **_: Any
+) -> None:
+    pikku = _pikku_for(sender)
+    if pikku is None or request is None:
+        return
+    cause = reason.exc if isinstance(reason, Retry) and reason.exc is not None else reason
+    error = error_document(cause if isinstance(cause, BaseException) else str(cause))
+    if einfo is not None and getattr(einfo, "traceback", None):
+        error["traceback"] = einfo.traceback
+    when = reason.when if isinstance(reason, Retry) else None
+    attempt = int(request.retries or 0) + 1
+    pikku.mirror.retried(str(request.id), attempt, error, _eta(when))
+
+
+@_isolated
+def task_success(sender: Any = None, result: Any = None, **_: Any) -> None:
+    pikku = _pikku_for(sender)
+    if pikku is None:
+        return
+    request = sender.request
+    run_id = h.from_request(request, h.RUN_ID) or str(request.id)
+    pikku.mirror.succeeded(run_id, str(request.id), _attempt(sender), result)
+
+
+@_isolated
+def task_failure(
+    sender: Any = None, exception: BaseException | None = None, einfo: Any = None, **_: Any
+) -> None:
+    pikku = _pikku_for(sender)
+    if pikku is None:
+        return
+    request = sender.request
+    error = error_document(exception if exception is not None else "task failed")
+    if einfo is not None and getattr(einfo, "traceback", None):
+        error["traceback"] = einfo.traceback
+    error["step"] = h.from_request(request, h.STEP_NAME)
+    run_id = h.from_request(request, h.RUN_ID) or str(request.id)
+    pikku.mirror.ended(run_id, str(request.id), _attempt(sender), "failed", error)
+
+
+@_isolated
+def task_revoked(
+    sender: Any = None,
+    request: Any = None,
+    terminated: bool = False,
+    signum: Any = None,
+    expired: bool = False,
+    **_: Any,
+) -> None:
+    pikku = _pikku_for(sender)
+    if pikku is None or request is None:
+        return
+    why = "expired" if expired else ("terminated" if terminated else "revoked")
+    error = {
+        "type": "celery.exceptions.TaskRevokedError",
+        "message": f"The task was {why} before it finished"
+        + (f" (signal {signum})" if signum else "")
+        + "; publish it again or resume the run to run it.",
+        "traceback": None,
+        "step": h.from_request(request, h.STEP_NAME),
+    }
+    step_id = str(request.id)
+    run_id = h.from_request(request, h.RUN_ID) or step_id
+    attempt = int(getattr(request, "retries", 0) or 0) + 1
+    pikku.mirror.ended(run_id, step_id, attempt, "cancelled", error)
+
+
+@_isolated
+def worker_process_init(**_: Any) -> None:
+    for pikku in registry.values():
+        pikku.mirror.store  # noqa: B018 - drops the parent's connections in this child
+
+
+_HANDLERS: Final[list[tuple[Any, Callable[..., None]]]] = [
+    (signals.before_task_publish, before_task_publish),
+    (signals.task_prerun, task_prerun),
+    (signals.task_retry, task_retry),
+    (signals.task_success, task_success),
+    (signals.task_failure, task_failure),
+    (signals.task_revoked, task_revoked),
+    (signals.worker_process_init, worker_process_init),
+]

@@ -1,0 +1,117 @@
+"""A Celery app as a user writes one, for the acceptance tests' real workers.
+
+Configured from the environment: ``SHOP_BROKER_URL``, ``SHOP_BACKEND_URL`` and
+``PIKKU_DATABASE_URL``. Tasks write what they did to ``SHOP_JOURNAL`` (one
+line per execution) so tests can compare the mirror with reality.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from pikku_celery import PikkuCelery, WorkflowTask
+
+app = Celery(
+    "shop",
+    broker=os.environ.get("SHOP_BROKER_URL", "redis://127.0.0.1:6379/15"),
+    backend=os.environ.get("SHOP_BACKEND_URL") or None,
+)
+app.conf.update(
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+)
+pikku = PikkuCelery(app)
+
+
+def journal(event: str) -> None:
+    path = os.environ.get("SHOP_JOURNAL")
+    if path:
+        with Path(path).open("a") as file:
+            file.write(event + "\n")
+
+
+@pikku.step(name="shop.reserve")
+def reserve(order_id: int) -> dict[str, Any]:
+    journal(f"reserve {order_id}")
+    return {"order": order_id, "reserved": True}
+
+
+@app.task(base=WorkflowTask, bind=True, max_retries=5, name="shop.charge")
+def charge(self: Any, order: Any, fail_times: int = 2) -> dict[str, Any]:
+    journal(f"charge attempt {self.request.retries + 1}")
+    if self.request.retries < fail_times:
+        raise self.retry(exc=ConnectionError("gateway timeout"), countdown=0)
+    return {"charged": True, "order": order}
+
+
+@pikku.step(name="shop.ship", retries=2, retry_delay=0)
+def ship(order: Any) -> str:
+    journal("ship")
+    return "shipped"
+
+
+@pikku.step(name="shop.always_fails", retries=2, retry_delay=0)
+def always_fails(order_id: int) -> None:
+    journal(f"always_fails {order_id}")
+    raise ValueError(f"order {order_id} cannot be refunded")
+
+
+@pikku.step(name="shop.add")
+def add(x: int, y: int = 0) -> int:
+    return x + y
+
+
+@pikku.step(name="shop.total")
+def total(values: list[int]) -> int:
+    return sum(values)
+
+
+@pikku.step(name="shop.spawn", bind=True)
+def spawn(self: Any, order_id: int) -> str:
+    child = notify.delay(order_id)
+    return str(child.id)
+
+
+@pikku.step(name="shop.notify")
+def notify(order_id: int) -> str:
+    return f"notified {order_id}"
+
+
+@pikku.step(name="shop.flaky", bind=True, max_retries=10)
+def flaky(self: Any, n: int, fails: int) -> int:
+    if self.request.retries < fails:
+        raise self.retry(countdown=0)
+    return n
+
+
+@pikku.step(name="shop.slow", acks_late=True)
+def slow(seconds: float) -> str:
+    marker = os.environ.get("SHOP_JOURNAL")
+    journal(f"slow start {os.getpid()}")
+    time.sleep(seconds)
+    if marker:
+        journal("slow end")
+    return "slow done"
+
+
+@pikku.step(name="shop.noop")
+def noop() -> None:
+    return None
+
+
+@pikku.step(name="shop.opaque")
+def opaque() -> object:
+    return object()
+
+
+@app.task(name="shop.plain")
+def plain() -> str:
+    return "not mirrored"
