@@ -197,13 +197,15 @@ class Floor:
 class Target(Protocol):
     name: str
 
-    def fresh(self) -> str: ...
+    def fresh(self, which: str) -> str: ...
 
     def now(self) -> Any: ...
 
     def floor(self, plan: dict[str, list[Statement]]) -> Floor: ...
 
-    def explain(self, statement: Statement, values: Mapping[str, Any]) -> list[str]: ...
+    def explain(
+        self, engine: sa.Engine, statement: Statement, values: Mapping[str, Any]
+    ) -> list[str]: ...
 
     def drop(self) -> None: ...
 
@@ -228,42 +230,55 @@ class PgTarget:
         parsed = make_url(url)
         if parsed.get_backend_name() not in ("postgresql", "postgres"):
             raise SystemExit(f"--pg-url must be a postgresql:// URL, not {parsed.drivername}://")
-        if parsed.database == BENCH_DATABASE:
+        if parsed.database in (self._database("main"), self._database("big")):
             raise SystemExit(
-                f"--pg-url names {BENCH_DATABASE!r}, the database the bench drops and "
+                f"--pg-url names {parsed.database!r}, a database the bench drops and "
                 "recreates; point it at another database on the same server."
             )
+        self._url = parsed.set(drivername="postgresql+psycopg")
         self._admin = _conninfo(parsed)
-        self._bench = parsed.set(drivername="postgresql+psycopg", database=BENCH_DATABASE)
-        self._conninfo = _conninfo(self._bench)
+        self._created: set[str] = set()
 
-    def fresh(self) -> str:
+    @staticmethod
+    def _database(which: str) -> str:
+        return BENCH_DATABASE if which == "main" else f"{BENCH_DATABASE}_{which}"
+
+    def fresh(self, which: str) -> str:
+        database = self._database(which)
         with psycopg.connect(self._admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
-            conn.execute(f"CREATE DATABASE {BENCH_DATABASE}")
-        return self._bench.render_as_string(hide_password=False)
+            conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {database}")
+        self._created.add(database)
+        return self._url.set(database=database).render_as_string(hide_password=False)
 
     def now(self) -> Any:
         return dt.datetime.now(dt.timezone.utc)
 
     def floor(self, plan: dict[str, list[Statement]]) -> Floor:
-        conn = psycopg.connect(self._conninfo)
+        conn = psycopg.connect(_conninfo(self._url.set(database=self._database("main"))))
         cursor = conn.cursor()
         return Floor(conn, cursor.execute, plan, self.now)
 
-    def explain(self, statement: Statement, values: Mapping[str, Any]) -> list[str]:
-        # ANALYZE runs the statement, so the plan shown is the one taken;
-        # the rollback leaves the data as it was.
-        with psycopg.connect(self._conninfo) as conn:
-            rows = conn.execute(
-                "EXPLAIN (ANALYZE, COSTS OFF) " + statement.sql, statement.bind(values)
-            ).fetchall()
+    def explain(
+        self, engine: sa.Engine, statement: Statement, values: Mapping[str, Any]
+    ) -> list[str]:
+        conn = engine.raw_connection()
+        try:
+            cursor = conn.cursor()
+            # ANALYZE runs the statement, so the plan shown is the one taken;
+            # the rollback leaves the data as it was.
+            cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + statement.sql, statement.bind(values))
+            lines = [str(row[0]) for row in cursor.fetchall()]
             conn.rollback()
-        return [row[0] for row in rows]
+        finally:
+            conn.close()
+        return lines
 
     def drop(self) -> None:
         with psycopg.connect(self._admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
+            for database in sorted(self._created):
+                conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        self._created.clear()
 
 
 class SqliteTarget:
@@ -274,49 +289,58 @@ class SqliteTarget:
         if path is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="pikku-bench-")
             path = Path(self._tmp.name) / "bench.db"
-        elif path.exists():
-            raise SystemExit(
-                f"{path} already exists; give --sqlite-path a new file, "
-                "which the bench creates and deletes."
-            )
         self.path = path
+        for which in ("main", "big"):
+            if self._path(which).exists():
+                raise SystemExit(
+                    f"{self._path(which)} already exists; give --sqlite-path a new file, "
+                    "which the bench creates and deletes."
+                )
+        self._created: set[str] = set()
 
-    def fresh(self) -> str:
-        self._remove()
-        return f"sqlite:///{self.path}"
+    def _path(self, which: str) -> Path:
+        if which == "main":
+            return self.path
+        return self.path.with_name(f"{self.path.stem}-{which}{self.path.suffix}")
+
+    def fresh(self, which: str) -> str:
+        self._remove(which)
+        self._created.add(which)
+        return f"sqlite:///{self._path(which)}"
 
     def now(self) -> Any:
         # The text SQLAlchemy's SQLite DateTime writes for the store's naive UTC.
         return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None).isoformat(" ", "microseconds")
 
     def floor(self, plan: dict[str, list[Statement]]) -> Floor:
-        conn = sqlite3.connect(self.path)
+        conn = sqlite3.connect(self._path("main"))
         _on_sqlite_connect(conn, None)
         return Floor(conn, conn.cursor().execute, plan, self.now)
 
-    def explain(self, statement: Statement, values: Mapping[str, Any]) -> list[str]:
-        conn = sqlite3.connect(self.path)
-        try:
-            rows = conn.execute(
-                "EXPLAIN QUERY PLAN " + statement.sql, statement.bind(values)
-            ).fetchall()
-        finally:
-            conn.close()
-        return [row[3] for row in rows]
+    def explain(
+        self, engine: sa.Engine, statement: Statement, values: Mapping[str, Any]
+    ) -> list[str]:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "EXPLAIN QUERY PLAN " + statement.sql, tuple(statement.bind(values))
+            ).all()
+        return [str(row[3]) for row in rows]
 
     def drop(self) -> None:
-        self._remove()
+        for which in sorted(self._created):
+            self._remove(which)
+        self._created.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def _remove(self) -> None:
+    def _remove(self, which: str) -> None:
         for suffix in ("", "-wal", "-shm", "-journal"):
-            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            Path(f"{self._path(which)}{suffix}").unlink(missing_ok=True)
 
 
 @contextmanager
-def opened(target: Target) -> Iterator[WorkflowStore]:
-    store = WorkflowStore(target.fresh())
+def opened(target: Target, which: str = "main") -> Iterator[WorkflowStore]:
+    store = WorkflowStore(target.fresh(which))
     try:
         store.init()
         yield store
@@ -418,11 +442,11 @@ def measure_throughput(target: Target, settings: Settings) -> Throughput:
                     sides: list[tuple[str, Callable[[], object]]] = [
                         (
                             "store",
-                            partial(store_transitions, store, store_steps[lo:][:BLOCK_STEPS]),
+                            partial(store_transitions, store, store_steps[lo : lo + BLOCK_STEPS]),
                         ),
                         (
                             "floor",
-                            partial(floor_transitions, floor, floor_steps[lo:][:BLOCK_STEPS]),
+                            partial(floor_transitions, floor, floor_steps[lo : lo + BLOCK_STEPS]),
                         ),
                     ]
                     if (round_no + block) % 2:
@@ -640,35 +664,63 @@ def count_rows(engine: sa.Engine) -> tuple[int, int]:
     return int(history or 0), int(steps or 0)
 
 
-def sample(store: WorkflowStore, steps: int, label: str) -> Sample:
-    warm_run, warm, warm_names = add_steps(store, WARMUP_STEPS, f"{label}-warm")
-    run_id, step_ids, names = add_steps(store, steps, label)
-    store_transitions(store, warm)
-    for name in warm_names:
-        store.get_step_state(warm_run, name)
-    transition_times: list[float] = []
-    for step_id in step_ids:
-        for call in (
-            store.set_step_scheduled,
-            store.set_step_running,
-            lambda step: store.set_step_result(step, RESULT),
-        ):
-            start = time.perf_counter()
-            call(step_id)
-            transition_times.append(time.perf_counter() - start)
-    get_times: list[float] = []
-    for _ in STATUSES:
-        for name in names:
-            start = time.perf_counter()
-            store.get_step_state(run_id, name)
-            get_times.append(time.perf_counter() - start)
-    history_rows, step_rows = count_rows(store.engine)
-    return Sample(
-        history_rows=history_rows,
-        step_rows=step_rows,
-        transition_us=statistics.median(transition_times) * 1e6,
-        get_step_state_us=statistics.median(get_times) * 1e6,
-    )
+class Probe:
+    """Timed calls against one database, made in blocks so two can take turns."""
+
+    def __init__(self, store: WorkflowStore, steps: int, label: str) -> None:
+        self.store = store
+        warm_run, warm, warm_names = add_steps(store, WARMUP_STEPS, f"{label}-warm")
+        store_transitions(store, warm)
+        for name in warm_names:
+            store.get_step_state(warm_run, name)
+        self.run_id, self.step_ids, self.names = add_steps(store, steps, label)
+        self.transition_times: list[float] = []
+        self.get_times: list[float] = []
+
+    def transitions(self, lo: int, hi: int) -> None:
+        store = self.store
+        for step_id in self.step_ids[lo:hi]:
+            for call in (
+                store.set_step_scheduled,
+                store.set_step_running,
+                partial(_set_result, store),
+            ):
+                start = time.perf_counter()
+                call(step_id)
+                self.transition_times.append(time.perf_counter() - start)
+
+    def gets(self, lo: int, hi: int) -> None:
+        for name in self.names[lo:hi]:
+            # As many reads as transitions, so both medians rest on as many calls.
+            for _ in STATUSES:
+                start = time.perf_counter()
+                self.store.get_step_state(self.run_id, name)
+                self.get_times.append(time.perf_counter() - start)
+
+    def sample(self) -> Sample:
+        history_rows, step_rows = count_rows(self.store.engine)
+        return Sample(
+            history_rows=history_rows,
+            step_rows=step_rows,
+            transition_us=statistics.median(self.transition_times) * 1e6,
+            get_step_state_us=statistics.median(self.get_times) * 1e6,
+        )
+
+
+def _set_result(store: WorkflowStore, step_id: str) -> bool:
+    return store.set_step_result(step_id, RESULT)
+
+
+def interleaved(probes: Sequence[Probe], steps: int) -> None:
+    """Both databases measured in alternating blocks, in the same minutes.
+
+    Timed one after the other, a slow spell of the machine would pass for a
+    difference between the sizes.
+    """
+    for method in (Probe.transitions, Probe.gets):
+        for block, lo in enumerate(range(0, steps, BLOCK_STEPS)):
+            for probe in probes if block % 2 == 0 else probes[::-1]:
+                method(probe, lo, lo + BLOCK_STEPS)
 
 
 def query_plans(target: Target, store: WorkflowStore) -> list[tuple[str, list[str]]]:
@@ -681,9 +733,11 @@ def query_plans(target: Target, store: WorkflowStore) -> list[tuple[str, list[st
         "history_id": str(uuid.uuid4()),
         "attempt_no": 1,
     }
-    plans = [("get_step_state: " + _head(lookup.sql), target.explain(lookup, values))]
+    plans = [("get_step_state: " + _head(lookup.sql), target.explain(store.engine, lookup, values))]
     for statement in transition:
-        plans.append(("transition: " + _head(statement.sql), target.explain(statement, values)))
+        plans.append(
+            ("transition: " + _head(statement.sql), target.explain(store.engine, statement, values))
+        )
     return plans
 
 
@@ -694,25 +748,23 @@ def _head(sql: str) -> str:
 
 def measure_index(target: Target, settings: Settings) -> IndexCheck:
     probe = settings.probe_steps
-    with opened(target) as store:
-        bulk = Bulk(store.engine)
-        # The samples add their own steps' attempt rows; the bulk load makes up the rest.
-        bulk.load(max(ATTEMPTS_PER_BULK_STEP, settings.small_rows - probe - WARMUP_STEPS))
-        small = sample(store, probe, "small")
-        say(
-            f"  {small.history_rows:,} attempt rows: transition {small.transition_us:,.1f} µs, "
-            f"get_step_state {small.get_step_state_us:,.1f} µs"
-        )
+    with opened(target, "main") as small_store, opened(target, "big") as big_store:
+        # The probes add their own steps' attempt rows; the bulk load makes up the rest.
+        own_rows = probe + WARMUP_STEPS
+        Bulk(small_store.engine).load(max(ATTEMPTS_PER_BULK_STEP, settings.small_rows - own_rows))
         started = time.perf_counter()
-        bulk.load(settings.big_rows - small.history_rows - probe - WARMUP_STEPS)
+        Bulk(big_store.engine).load(settings.big_rows - own_rows)
         loaded = time.perf_counter() - started
-        say(f"  bulk-loaded up to {settings.big_rows:,} rows in {loaded:.1f} s")
-        big = sample(store, probe, "big")
-        say(
-            f"  {big.history_rows:,} attempt rows: transition {big.transition_us:,.1f} µs, "
-            f"get_step_state {big.get_step_state_us:,.1f} µs"
-        )
-        plans = query_plans(target, store)
+        say(f"  bulk-loaded {settings.big_rows:,} attempt rows in {loaded:.1f} s")
+        probes = [Probe(small_store, probe, "small"), Probe(big_store, probe, "big")]
+        interleaved(probes, probe)
+        small, big = (one.sample() for one in probes)
+        for one in (small, big):
+            say(
+                f"  {one.history_rows:,} attempt rows: transition {one.transition_us:,.1f} µs, "
+                f"get_step_state {one.get_step_state_us:,.1f} µs"
+            )
+        plans = query_plans(target, big_store)
     return IndexCheck(database=target.name, small=small, big=big, plans=plans)
 
 
@@ -749,7 +801,7 @@ def report(throughputs: Sequence[Throughput], checks: Sequence[IndexCheck]) -> N
                     str(row.statements),
                     f"{row.store:,.0f}",
                     f"{row.floor:,.0f}",
-                    f"{row.ratio:.2f}",
+                    f"{row.ratio:.3f}",
                     f"{TARGET_RATIO:.2f}",
                     "yes" if row.ratio >= TARGET_RATIO else "NO",
                     f"{row.overhead_us:.1f}",

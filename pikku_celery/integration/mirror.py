@@ -183,7 +183,7 @@ class CeleryMirror:
             with store.transaction() as conn:
                 store.record_attempt(step_id, attempt, "succeeded", result=value, conn=conn)
                 if run_id is not None:
-                    store.complete_run_if_done(run_id, value, conn=conn)
+                    store.complete_run_if_done(run_id, conn=conn)
 
         self._write(
             "succeeded",

@@ -226,6 +226,25 @@ touch_run: Final = (
     sa.update(runs).where(runs.c.workflow_run_id == P("run_id")).values(updated_at=P("now"))
 )
 
+_child = steps.alias("child")
+_leaf = steps.alias("leaf")
+
+# The run's output is the result of its last step: the newest step that no
+# other step follows (a chain's last link, a chord's body, a group's last member).
+_last_result = (
+    sa.select(_leaf.c.result)
+    .where(
+        _leaf.c.workflow_run_id == runs.c.workflow_run_id,
+        ~sa.exists().where(
+            _child.c.workflow_run_id == _leaf.c.workflow_run_id,
+            _child.c.from_step_name == _leaf.c.step_name,
+        ),
+    )
+    .order_by(_leaf.c.created_at.desc(), _leaf.c.workflow_step_id.desc())
+    .limit(1)
+    .scalar_subquery()
+)
+
 # Guarded in SQL: the run completes only while no step of it is unfinished. The
 # caller touches the run row first in the same transaction, so two last steps
 # finishing at once serialise on it and the second one sees the first.
@@ -239,7 +258,7 @@ complete_run_if_done: Final = (
             steps.c.status != "succeeded",
         ),
     )
-    .values(status="completed", output=P("output"), error=None, updated_at=P("now"))
+    .values(status="completed", output=_last_result, error=None, updated_at=P("now"))
 )
 
 settle_run: Final = (

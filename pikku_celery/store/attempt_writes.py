@@ -160,11 +160,12 @@ class AttemptWrites(StoreBase):
                 raise StepNotFound(step_id=step_id) from exc.__cause__
             raise
 
-    def complete_run_if_done(
-        self, run_id: str, output: Any, *, conn: sa.Connection | None = None
-    ) -> bool:
-        """Complete the run with ``output`` if every step of it has succeeded."""
-        params = {"run_id": run_id, "now": now(), "output": self._json(output, "run output")}
+    def complete_run_if_done(self, run_id: str, *, conn: sa.Connection | None = None) -> bool:
+        """Complete the run if every step of it has succeeded; its output is its last step's.
+
+        The last step is the newest one that no other step follows.
+        """
+        params = {"run_id": run_id, "now": now()}
         with self._tx(conn) as c:
             c.execute(aq.touch_run, params)
             return bool(c.execute(aq.complete_run_if_done, params).rowcount)

@@ -28,7 +28,8 @@ app.conf.update(
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
 )
-pikku = PikkuCelery(app)
+app.conf.task_default_queue = os.environ.get("SHOP_QUEUE", "celery")
+pikku = PikkuCelery(app, database_url=os.environ.get("SHOP_DATABASE_URL"))
 
 
 def journal(event: str) -> None:

@@ -1,0 +1,169 @@
+"""Real Celery workers (prefork) on real brokers, mirroring into PostgreSQL."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from pikku_celery import WorkflowRun, WorkflowStore
+from pikku_celery.store.models import SETTLED_RUN_STATUSES
+from tests.conftest import service_missing
+
+ROOT = Path(__file__).resolve().parents[2]
+BROKERS = {
+    "redis": ("redis://127.0.0.1:6379/15", 6379),
+    "rabbitmq": ("amqp://guest:guest@127.0.0.1:5672//", 5672),
+}
+BACKEND_URL = "redis://127.0.0.1:6379/14"
+QUEUE = f"shop-{uuid.uuid4().hex[:8]}"
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="session")
+def shop(pg_url: str) -> ModuleType:
+    """The users' app module, imported once with the session's PostgreSQL mirror."""
+    os.environ.update(SHOP_DATABASE_URL=pg_url, SHOP_QUEUE=QUEUE, SHOP_BACKEND_URL=BACKEND_URL)
+    if not port_open(6379):
+        service_missing("Redis", ConnectionRefusedError("127.0.0.1:6379"))
+    return importlib.import_module("tests.acceptance.shop")
+
+
+@dataclass
+class Worker:
+    broker: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    journal: Path
+    store: WorkflowStore
+
+    def wait_for_run(self, run_id: str, timeout: float = 45) -> WorkflowRun:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                run = self.store.get_run(run_id)
+            except LookupError:
+                run = None
+            if run is not None and run.status in SETTLED_RUN_STATUSES:
+                return run
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"run {run_id} is still {run and run.status} after {timeout}s; "
+                    f"worker log:\n{self.log.read_text()[-4000:]}"
+                )
+            time.sleep(0.1)
+
+    def wait_for_history(
+        self, run_id: str, expected: list[tuple[str, int, str]], timeout: float = 20
+    ) -> None:
+        """Late events (a retry handler that commits after the next attempt ended) converge."""
+        deadline = time.monotonic() + timeout
+        while (found := history_of(self.store, run_id)) != expected:
+            if time.monotonic() > deadline:
+                assert found == expected
+            time.sleep(0.1)
+
+    def journal_lines(self) -> list[str]:
+        return self.journal.read_text().splitlines() if self.journal.exists() else []
+
+
+def start_worker(
+    shop: ModuleType, broker: str, tmp: Path, concurrency: int = 2
+) -> Iterator[Worker]:
+    url, port = BROKERS[broker]
+    if not port_open(port):
+        service_missing(broker, ConnectionRefusedError(f"127.0.0.1:{port}"))
+    app = shop.app
+    app.conf.broker_url = url
+    # Drop pooled connections to the previous broker (Celery does the same after a fork).
+    app._after_fork()
+    if broker == "redis":  # RabbitMQ starts clean: the queue name is this session's own
+        import redis
+
+        redis.Redis.from_url(url).flushdb()
+    log = tmp / f"worker-{broker}.log"
+    journal = tmp / f"journal-{broker}.txt"
+    env = {
+        **os.environ,
+        "SHOP_BROKER_URL": url,
+        "SHOP_JOURNAL": str(journal),
+        "PYTHONPATH": str(ROOT),
+    }
+    name = f"shop-{broker}-{uuid.uuid4().hex[:6]}@%h"
+    log_file = log.open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.acceptance.shop",
+            "worker",
+            "--pool=prefork",
+            f"--concurrency={concurrency}",
+            "-Q",
+            QUEUE,
+            "-n",
+            name,
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            "info",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while "ready." not in log.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            log_file.close()
+            raise AssertionError(f"the worker did not start:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+    try:
+        yield Worker(broker, proc, log, journal, shop.pikku.store)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log_file.close()
+
+
+@pytest.fixture(scope="module", params=list(BROKERS))
+def worker(
+    request: pytest.FixtureRequest, shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Worker]:
+    yield from start_worker(shop, request.param, tmp_path_factory.mktemp(request.param))
+
+
+def history_of(store: WorkflowStore, run_id: str) -> list[tuple[str, int, str]]:
+    return [(a.step_name, a.attempt, a.status) for a in store.get_run_history(run_id)]
+
+
+def children_pids(pid: int) -> list[int]:
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
+    )
+    return [int(line) for line in out.stdout.split()]

@@ -1,0 +1,190 @@
+"""Real workers, real brokers (Redis and RabbitMQ), the PostgreSQL mirror: what users see."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from types import ModuleType
+
+import pytest
+from celery import chain, chord, group
+
+from tests.acceptance.conftest import Worker, history_of, start_worker
+
+
+def test_a_lone_task_is_a_run_of_its_own(shop: ModuleType, worker: Worker) -> None:
+    result = shop.reserve.delay(7)
+    run = worker.wait_for_run(result.id)
+    assert (run.workflow, run.status, run.output) == (
+        "shop.reserve",
+        "completed",
+        {"order": 7, "reserved": True},
+    )
+    [attempt] = worker.store.get_run_history(result.id)
+    assert (attempt.step_name, attempt.attempt, attempt.status) == ("reserve", 1, "succeeded")
+    assert attempt.task_id == result.id
+    assert attempt.worker is not None and attempt.worker.startswith("shop-")
+    assert attempt.pid is not None and attempt.pid != worker.proc.pid  # a pool child ran it
+    assert attempt.delivery_count == 1
+    assert attempt.scheduled_at and attempt.running_at and attempt.succeeded_at
+    assert worker.store.get_step_state(result.id, "reserve").data == {
+        "args": [7],
+        "kwargs": {},
+    }
+
+
+def test_self_retry_twice_then_success_is_three_attempts(shop: ModuleType, worker: Worker) -> None:
+    result = shop.charge.delay({"order": 2}, fail_times=2)
+    run = worker.wait_for_run(result.id)
+    assert run.status == "completed"
+    worker.wait_for_history(
+        result.id, [("charge", 1, "failed"), ("charge", 2, "failed"), ("charge", 3, "succeeded")]
+    )
+    history = worker.store.get_run_history(result.id)
+    assert history[0].error is not None
+    assert history[0].error["type"] == "ConnectionError"
+    assert "gateway timeout" in history[0].error["message"]
+    assert "Traceback" in (history[0].error["traceback"] or "")
+    assert [a.reason for a in history] == ["first", "retry", "retry"]
+    assert all(a.task_id == result.id for a in history)
+    assert history[1].scheduled_at is not None and history[1].eta is not None
+    state = worker.store.get_step_state(result.id, "charge")
+    assert (state.status, state.attempt_count) == ("succeeded", 3)
+
+
+def test_autoretry_exhausted_fails_step_and_run(shop: ModuleType, worker: Worker) -> None:
+    result = shop.always_fails.delay(9)
+    run = worker.wait_for_run(result.id)
+    assert run.status == "failed"
+    assert run.error is not None and "order 9 cannot be refunded" in run.error["message"]
+    assert run.error["step"] == "always_fails"
+    worker.wait_for_history(
+        result.id,
+        [
+            ("always_fails", 1, "failed"),
+            ("always_fails", 2, "failed"),
+            ("always_fails", 3, "failed"),
+        ],
+    )
+    assert worker.store.get_step_state(result.id, "always_fails").status == "failed"
+
+
+def test_a_chain_is_one_run_of_linked_steps(shop: ModuleType, worker: Worker) -> None:
+    run_id = shop.pikku.run(
+        chain(shop.reserve.s(1), shop.charge.s(fail_times=1), shop.ship.s()),
+        name="checkout",
+        input={"order": 1},
+    )
+    run = worker.wait_for_run(run_id)
+    assert (run.workflow, run.status, run.output, run.input) == (
+        "checkout",
+        "completed",
+        "shipped",
+        {"order": 1},
+    )
+    worker.wait_for_history(
+        run_id,
+        [
+            ("reserve", 1, "succeeded"),
+            ("charge", 1, "failed"),
+            ("charge", 2, "succeeded"),
+            ("ship", 1, "succeeded"),
+        ],
+    )
+    steps = {s.step_name: s for s in worker.store.list_step_states(run_id)}
+    assert steps["reserve"].from_step_name is None
+    assert steps["charge"].from_step_name == "reserve"
+    assert steps["ship"].from_step_name == "charge"
+    assert steps["ship"].rpc_name == "shop.ship"
+
+
+def test_a_group_and_a_chord_are_runs(shop: ModuleType, worker: Worker) -> None:
+    group_run = shop.pikku.run(group(shop.add.s(1, 1), shop.add.s(2, 2)), name="adds")
+    chord_run = shop.pikku.run(
+        chord([shop.add.s(1, 1), shop.add.s(2, 2), shop.add.s(3, 3)], shop.total.s()),
+        name="totals",
+    )
+    assert worker.wait_for_run(group_run).status == "completed"
+    assert sorted(history_of(worker.store, group_run)) == [
+        ("add", 1, "succeeded"),
+        ("add#2", 1, "succeeded"),
+    ]
+    run = worker.wait_for_run(chord_run)
+    assert (run.status, run.output) == ("completed", 12)
+    names = {s.step_name: s for s in worker.store.list_step_states(chord_run)}
+    assert set(names) == {"add", "add#2", "add#3", "total"}
+    assert names["total"].from_step_name in {"add", "add#2", "add#3"}
+    assert names["total"].result == 12
+
+
+def test_nested_canvases_stay_in_one_run(shop: ModuleType, worker: Worker) -> None:
+    run_id = shop.pikku.run(
+        chain(
+            shop.add.s(1, 1),
+            chord([shop.add.s(10), shop.add.s(20)], shop.total.s()),
+            shop.add.s(100),
+        ),
+        name="nested",
+    )
+    run = worker.wait_for_run(run_id)
+    assert (run.status, run.output) == ("completed", 134)
+    assert len(worker.store.list_step_states(run_id)) == 5
+
+
+def test_a_child_published_from_a_step_joins_its_run(shop: ModuleType, worker: Worker) -> None:
+    result = shop.spawn.delay(5)
+    run = worker.wait_for_run(result.id)
+    assert run.status == "completed"
+    steps = {s.step_name: s for s in worker.store.list_step_states(result.id)}
+    assert set(steps) == {"spawn", "notify"}
+    assert steps["notify"].from_step_name == "spawn"
+    assert steps["notify"].step_id == steps["spawn"].result
+
+
+def test_plain_tasks_are_not_mirrored(shop: ModuleType, worker: Worker) -> None:
+    result = shop.plain.delay()
+    time.sleep(1)
+    assert [r for r in worker.store.list_runs(limit=200) if r.run_id == result.id] == []
+
+
+def test_sigkill_of_the_pool_child_is_a_redelivery_of_the_same_attempt(
+    shop: ModuleType, worker: Worker
+) -> None:
+    result = shop.slow.delay(3)
+    deadline = time.monotonic() + 20
+    starts: list[str] = []
+    while not starts and time.monotonic() < deadline:
+        starts = [line for line in worker.journal_lines() if line.startswith("slow start")]
+        time.sleep(0.05)
+    assert starts, worker.log.read_text()[-3000:]
+    child = int(starts[0].split()[-1])
+    os.kill(child, signal.SIGKILL)
+    run = worker.wait_for_run(result.id, timeout=60)
+    assert (run.status, run.output) == ("completed", "slow done")
+    [attempt] = worker.store.get_run_history(result.id)
+    assert (attempt.attempt, attempt.status) == (1, "succeeded")
+    assert attempt.delivery_count == 2
+    assert attempt.pid != child
+    assert len([line for line in worker.journal_lines() if line.startswith("slow start")]) == 2
+
+
+def test_many_immediate_retries_on_four_processes_converge(
+    shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # countdown=0: attempt K+1 often starts in another process before the
+    # retry handler of attempt K has committed. Every history must still be right.
+    for worker in start_worker(shop, "redis", tmp_path_factory.mktemp("four"), concurrency=4):
+        ids = [shop.flaky.delay(n, 3).id for n in range(60)]
+        expected = [
+            ("flaky", 1, "failed"),
+            ("flaky", 2, "failed"),
+            ("flaky", 3, "failed"),
+            ("flaky", 4, "succeeded"),
+        ]
+        for n, task_id in enumerate(ids):
+            run = worker.wait_for_run(task_id)
+            assert (run.status, run.output) == ("completed", n)
+            worker.wait_for_history(task_id, expected)
+            state = worker.store.get_step_state(task_id, "flaky")
+            assert (state.status, state.attempt_count, state.result) == ("succeeded", 4, n)
