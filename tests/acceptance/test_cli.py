@@ -67,3 +67,16 @@ def test_bad_url_is_one_clear_line() -> None:
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0
     assert "use postgresql://" in result.stderr
+
+
+def test_demo_on_redis_and_postgres(pg_server: PgServer) -> None:
+    url = pg_server.create_database("pikku_demo")
+    result = cli("--database-url", url, "demo", "--broker-url", "redis://127.0.0.1:6379/12")
+    assert result.returncode == 0, result.stderr
+    assert "refund" in result.stdout
+    lines = result.stdout.splitlines()
+    assert [line.split()[2] for line in lines if line.startswith("charge")] == [
+        "failed",
+        "failed",
+        "succeeded",
+    ]

@@ -1,0 +1,62 @@
+"""The Celery app behind ``pikku-celery demo``: an ordinary app, as a user would write it.
+
+Configured from the environment by the demo command: ``PIKKU_DEMO_BROKER_URL``
+(empty: kombu's filesystem broker in ``PIKKU_DEMO_FOLDER``) and
+``PIKKU_DATABASE_URL`` for the mirror.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from pikku_celery.integration.app import PikkuCelery
+
+_folder = Path(os.environ.get("PIKKU_DEMO_FOLDER", ".pikku-demo"))
+_broker = os.environ.get("PIKKU_DEMO_BROKER_URL") or "filesystem://"
+
+app = Celery("pikku_demo", broker=_broker)
+if _broker.startswith("filesystem://"):
+    messages = _folder / "messages"
+    messages.mkdir(parents=True, exist_ok=True)
+    app.conf.broker_transport_options = {
+        "data_folder_in": str(messages),
+        "data_folder_out": str(messages),
+        "store_processed": False,
+        "polling_interval": 0.1,
+    }
+app.conf.update(
+    broker_connection_retry_on_startup=True,
+    task_default_queue=os.environ.get("PIKKU_DEMO_QUEUE", "pikku-demo"),
+    worker_hijack_root_logger=False,
+)
+pikku = PikkuCelery(app)
+if _broker.startswith("filesystem://"):
+    # The filesystem transport has no fanout exchange for task events.
+    app.conf.worker_send_task_events = False
+    app.conf.task_send_sent_event = False
+
+
+@pikku.step(name="shop.reserve")
+def reserve(order_id: int) -> dict[str, Any]:
+    return {"order": order_id, "items": 3}
+
+
+@pikku.step(name="shop.charge", bind=True, retries=3, retry_delay=0.2)
+def charge(self: Any, order: dict[str, Any]) -> dict[str, Any]:
+    if self.request.retries < 2:
+        raise ConnectionError(f"payment gateway timed out (attempt {self.request.retries + 1})")
+    return {**order, "charged": 42.0}
+
+
+@pikku.step(name="shop.ship")
+def ship(order: dict[str, Any]) -> str:
+    return f"order {order['order']} shipped"
+
+
+@pikku.step(name="shop.refund", retries=1, retry_delay=0.2)
+def refund(order_id: int) -> None:
+    raise ValueError(f"order {order_id} was never charged, nothing to refund")
