@@ -84,7 +84,11 @@ class Worker:
 
 
 def start_worker(
-    shop: ModuleType, broker: str, tmp: Path, concurrency: int = 2
+    shop: ModuleType,
+    broker: str,
+    tmp: Path,
+    concurrency: int = 2,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[Worker]:
     url, port = BROKERS[broker]
     if not port_open(port):
@@ -104,6 +108,7 @@ def start_worker(
         "SHOP_BROKER_URL": url,
         "SHOP_JOURNAL": str(journal),
         "PYTHONPATH": str(ROOT),
+        **(extra_env or {}),
     }
     name = f"shop-{broker}-{uuid.uuid4().hex[:6]}@%h"
     log_file = log.open("wb")

@@ -188,3 +188,17 @@ def test_many_immediate_retries_on_four_processes_converge(
             worker.wait_for_history(task_id, expected)
             state = worker.store.get_step_state(task_id, "flaky")
             assert (state.status, state.attempt_count, state.result) == ("succeeded", 4, n)
+
+
+def test_a_mirror_that_cannot_write_never_fails_the_task(
+    shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    dead = {"SHOP_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+    tmp = tmp_path_factory.mktemp("dead-db")
+    for worker in start_worker(shop, "redis", tmp, extra_env=dead):
+        result = shop.charge.delay({"order": 4}, fail_times=1)
+        assert result.get(timeout=30) == {"charged": True, "order": {"order": 4}}
+        assert shop.add.delay(2, 3).get(timeout=30) == 5
+        log = worker.log.read_text()
+        assert "pikku-celery could not record started" in log
+        assert "succeeded in" in log  # Celery's own line: the task itself went fine
