@@ -67,7 +67,9 @@ def cmd_db_check(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from pikku_celery.demo import run_demo
 
-    return run_demo(database_url=args.database_url, broker_url=args.broker_url)
+    return run_demo(
+        database_url=args.demo_database_url or args.database_url, broker_url=args.broker_url
+    )
 
 
 def _env_help(text: str, env: str) -> str:
@@ -108,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=_env_help(
             "Celery broker URL (default: a temporary filesystem broker)", "PIKKU_BROKER_URL"
         ),
+    )
+    demo.add_argument(
+        "--database-url",
+        dest="demo_database_url",
+        default=None,
+        help="database URL for the mirror (same as the global option)",
     )
     demo.set_defaults(func=cmd_demo)
     return parser

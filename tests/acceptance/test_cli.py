@@ -71,7 +71,7 @@ def test_bad_url_is_one_clear_line() -> None:
 
 def test_demo_on_redis_and_postgres(pg_server: PgServer) -> None:
     url = pg_server.create_database("pikku_demo")
-    result = cli("--database-url", url, "demo", "--broker-url", "redis://127.0.0.1:6379/12")
+    result = cli("demo", "--broker-url", "redis://127.0.0.1:6379/12", "--database-url", url)
     assert result.returncode == 0, result.stderr
     assert "refund" in result.stdout
     lines = result.stdout.splitlines()
