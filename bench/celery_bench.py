@@ -39,6 +39,7 @@ import json
 import os
 import pstats
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,9 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 
 CONCURRENCY: Final = 2
 WARMUP_TASKS: Final = 50
+# Enough that the driver is waiting before the worker gets through them.
+DRAIN_WARMUP_TASKS: Final = 300
+FLOOR_SAMPLES: Final = 500
 PROFILE_TASKS: Final = 1000
 VARIANTS: Final = ("noop", "retry")
 VARIANT_LABELS: Final = {"noop": "no-op", "retry": "retry-once"}
@@ -322,10 +326,16 @@ def cpu_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[s
 # --- the publisher process ------------------------------------------------------
 
 
-def wait_done(client: redis.Redis, run: str, total: int, timeout: float) -> float:
+def wait_done(
+    client: redis.Redis,
+    run: str,
+    total: int,
+    timeout: float,
+    alive: Callable[[], bool] = lambda: True,
+) -> float:
     """The worker's time of finishing the run's last task."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and alive():
         # Short blocking calls: the client's socket timeout is shorter than a slow run.
         answer: Any = client.blpop([done_key(run)], timeout=1)
         if answer is not None:
@@ -336,11 +346,24 @@ def wait_done(client: redis.Redis, run: str, total: int, timeout: float) -> floa
     )
 
 
+def enqueue(task: Any, run: str, tasks: int) -> None:
+    """Publish ahead of the worker: warm-up tasks, then the timed ones, nothing consumed yet."""
+    for _ in range(DRAIN_WARMUP_TASKS):
+        task.apply_async((f"{run}:warm", DRAIN_WARMUP_TASKS))
+    clock = time.perf_counter()
+    for _ in range(tasks):
+        task.apply_async((run, tasks))
+    print(json.dumps({"publish": time.perf_counter() - clock}), flush=True)
+
+
 def publish(args: argparse.Namespace) -> int:
     """One timed run: warm up, publish ``--tasks`` tasks, wait for the last one."""
     if app is None:
         raise SystemExit(f"the publisher needs ${SCENARIO_ENV}")
     task = app.tasks[task_name(os.environ[SCENARIO_ENV], args.variant)]
+    if args.mode == "enqueue":
+        enqueue(task, args.run, args.tasks)
+        return 0
     client = redis_client(app.conf.broker_url)
     timeout = 60 + args.tasks * ATTEMPTS[args.variant] / MIN_TASKS_PER_SECOND
     warm = f"{args.run}:warm"
@@ -476,8 +499,13 @@ def scenario_env(
 
 
 @contextmanager
-def running_worker(scenario: Scenario, env: dict[str, str], log: Path) -> Iterator[int]:
-    """A real prefork worker for the scenario, ready for tasks; stopped warmly afterwards."""
+def running_worker(
+    scenario: Scenario, env: dict[str, str], log: Path, *, ready: bool = True
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A real prefork worker for the scenario, stopped warmly afterwards.
+
+    With ``ready`` it has answered a ping first; without, it is still starting.
+    """
     hostname = f"bench-{scenario.key}@%h"
     command = [
         sys.executable,
@@ -507,8 +535,9 @@ def running_worker(scenario: Scenario, env: dict[str, str], log: Path) -> Iterat
             start_new_session=True,
         )
     try:
-        wait_ready(worker, env[BROKER_ENV], log)
-        yield worker.pid
+        if ready:
+            wait_ready(worker, env[BROKER_ENV], log)
+        yield worker
     finally:
         stop_worker(worker)
 
@@ -539,18 +568,25 @@ def stop_worker(worker: subprocess.Popen[bytes]) -> None:
         worker.wait()
 
 
-def publish_run(
-    scenario: Scenario, variant: str, tasks: int, run: str, worker_pid: int, env: dict[str, str]
-) -> Run:
+def publisher(
+    mode: str, variant: str, tasks: int, run: str, worker_pid: int, env: dict[str, str]
+) -> dict[str, Any]:
     command = [
-        sys.executable, "-m", "bench.celery_bench", "--role", "publish",
+        sys.executable, "-m", "bench.celery_bench", "--role", "publish", "--mode", mode,
         "--variant", variant, "--tasks", str(tasks), "--run", run,
         "--worker-pid", str(worker_pid),
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the publisher failed:\n{done.stdout}{done.stderr}")
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+def publish_run(
+    scenario: Scenario, variant: str, tasks: int, run: str, worker_pid: int, env: dict[str, str]
+) -> Run:
+    report = publisher("timed", variant, tasks, run, worker_pid, env)
     return Run(scenario.key, variant, tasks, report["elapsed"], report["publish"], report["cpu"])
 
 
@@ -607,11 +643,11 @@ def measure(settings: Settings, databases: Databases, logs: Path) -> list[Run]:
                 broker.flushdb()
                 log = logs / f"worker-{scenario.key}.log"
                 env = scenario_env(scenario, settings, databases, None)
-                with running_worker(scenario, env, log) as worker_pid:
+                with running_worker(scenario, env, log) as worker:
                     for variant in VARIANTS:
                         run_key = f"bench:{scenario.key}:{variant}:{round_no}"
                         run = publish_run(
-                            scenario, variant, settings.tasks, run_key, worker_pid, env
+                            scenario, variant, settings.tasks, run_key, worker.pid, env
                         )
                         runs.append(run)
                         line = (
@@ -629,6 +665,109 @@ def measure(settings: Settings, databases: Databases, logs: Path) -> list[Run]:
         mirror.dispose()
         broker.close()
     return runs
+
+
+# --- diagnosis: each side alone, and the database's floor -------------------------
+
+
+@dataclass(frozen=True)
+class Split:
+    """The publish path with no worker running, then the worker draining a full queue."""
+
+    scenario: str
+    variant: str
+    tasks: int
+    publish: float
+    drain: float
+    cpu: dict[str, float]
+
+
+def split_run(
+    scenario: Scenario, variant: str, settings: Settings, databases: Databases, logs: Path
+) -> Split:
+    broker = redis.Redis.from_url(settings.redis_url)
+    broker.flushdb()
+    env = scenario_env(scenario, settings, databases, None)
+    run = f"bench:{scenario.key}:{variant}:split"
+    published = publisher("enqueue", variant, settings.tasks, run, 0, env)["publish"]
+    timeout = 60 + settings.tasks * ATTEMPTS[variant] / MIN_TASKS_PER_SECOND
+    log = logs / f"worker-{scenario.key}-split.log"
+    try:
+        # Not waiting for a ping: the worker starts on the queue as soon as it is up.
+        with running_worker(scenario, env, log, ready=False) as worker:
+
+            def alive() -> bool:
+                return worker.poll() is None
+
+            warmed = wait_done(broker, f"{run}:warm", DRAIN_WARMUP_TASKS, timeout, alive)
+            before = cpu_snapshot(worker.pid)
+            finished = wait_done(broker, run, settings.tasks, timeout, alive)
+            after = cpu_snapshot(worker.pid)
+    finally:
+        broker.close()
+    return Split(
+        scenario.key,
+        variant,
+        settings.tasks,
+        published,
+        finished - warmed,
+        cpu_delta(before, after),
+    )
+
+
+def report_splits(splits: Sequence[Split]) -> None:
+    say()
+    say(
+        "Each side alone: publishing with no worker running, then a worker draining "
+        "the full queue (CPU ms per task while draining)"
+    )
+    rows = []
+    for split in splits:
+        per_task = [
+            f"{split.cpu.get(name, 0.0) / split.tasks * 1000:.2f}"
+            for name in ("worker main", "worker children", "postgres", "redis", "other")
+        ]
+        rows.append(
+            [
+                BY_KEY[split.scenario].label,
+                VARIANT_LABELS[split.variant],
+                f"{split.publish / split.tasks * 1e6:.0f}",
+                f"{split.tasks / split.publish:.0f}",
+                f"{split.tasks / split.drain:.1f}",
+                *per_task,
+            ]
+        )
+    header = [
+        "scenario", "variant", "publish µs/task", "publish tasks/s", "drain tasks/s",
+        "worker main ms", "worker children ms", "postgres ms", "redis ms", "other ms",
+    ]  # fmt: skip
+    table(header, rows)
+
+
+def database_floor(url: str) -> tuple[float, float]:
+    """Median µs of a bare ``SELECT 1`` round trip and of a one-row INSERT committed."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS bench_floor (id serial, v text)")
+            conn.commit()
+            raw: Any = conn.connection.dbapi_connection
+            cursor = raw.cursor()
+            trips: list[float] = []
+            commits: list[float] = []
+            for _ in range(FLOOR_SAMPLES):
+                clock = time.perf_counter()
+                cursor.execute("SELECT 1")
+                cursor.fetchone()
+                raw.commit()
+                trips.append(time.perf_counter() - clock)
+                clock = time.perf_counter()
+                cursor.execute("INSERT INTO bench_floor (v) VALUES (%s)", ("x",))
+                raw.commit()
+                commits.append(time.perf_counter() - clock)
+    finally:
+        engine.dispose()
+    return statistics.median(trips) * 1e6, statistics.median(commits) * 1e6
 
 
 # --- profiling ------------------------------------------------------------------
@@ -724,8 +863,8 @@ def profile_run(
         env = scenario_env(scenario, settings, databases, profile_dir)
         log = logs / f"worker-{scenario.key}-profile.log"
         run_key = f"bench:{scenario.key}:{variant}:profile"
-        with running_worker(scenario, env, log) as worker_pid:
-            run = publish_run(scenario, variant, tasks, run_key, worker_pid, env)
+        with running_worker(scenario, env, log) as worker:
+            run = publish_run(scenario, variant, tasks, run_key, worker.pid, env)
         children = sorted(path.with_suffix("") for path in profile_dir.glob("child-*.json"))
         mains = sorted(path.with_suffix("") for path in profile_dir.glob("main-*.json"))
         if not children or not mains:
@@ -836,7 +975,11 @@ def report(runs: Sequence[Run], settings: Settings) -> dict[str, tuple[float, fl
         *(f"{name} ms" for name in COMPONENTS), "CPUs busy",
     ]  # fmt: skip
     table(header, rows)
-    say("(CPU columns: CPU milliseconds per task of the best run, by process)")
+    say(
+        "(CPU milliseconds per task of the best run, by process; 'other' is CPU the "
+        "machine spent outside the bench, e.g. a concurrent test suite, and makes the "
+        "figures pessimistic)"
+    )
     ratios = targets(runs)
     say()
     ratio_rows = []
@@ -895,6 +1038,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--role", choices=("driver", "publish"), default="driver", help=argparse.SUPPRESS
     )
+    parser.add_argument(
+        "--mode", choices=("timed", "enqueue"), default="timed", help=argparse.SUPPRESS
+    )
     parser.add_argument("--variant", choices=VARIANTS, default="noop", help=argparse.SUPPRESS)
     parser.add_argument("--run", default="bench:run", help=argparse.SUPPRESS)
     parser.add_argument("--worker-pid", type=int, default=0, help=argparse.SUPPRESS)
@@ -931,6 +1077,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for of_plain, of_dbbackend in ratios.values()
             )
             if settings.profile == "always" or (settings.profile == "auto" and missed):
+                say()
+                say("Diagnosis: each side alone, the database floor, then cProfile")
+                splits = [
+                    split_run(scenario, variant, settings, databases, logs)
+                    for scenario in SCENARIOS
+                    for variant in VARIANTS
+                ]
+                report_splits(splits)
+                trip, commit = database_floor(databases.url(MIRROR_DATABASE))
+                say()
+                say(
+                    f"PostgreSQL floor (psycopg, bench otherwise idle): "
+                    f"SELECT 1 round trip {trip:.0f} µs, one-row INSERT + COMMIT {commit:.0f} µs"
+                )
                 profiles = [
                     profile_run(BY_KEY[key], variant, settings, databases, logs)
                     for key in ("pikku", "dbbackend")

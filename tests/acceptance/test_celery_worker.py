@@ -202,3 +202,18 @@ def test_a_mirror_that_cannot_write_never_fails_the_task(
         log = worker.log.read_text()
         assert "pikku-celery could not record started" in log
         assert "succeeded in" in log  # Celery's own line: the task itself went fine
+
+
+def test_a_revoked_task_cancels_its_step_and_run(shop: ModuleType, worker: Worker) -> None:
+    result = shop.slow.delay(20)
+    deadline = time.monotonic() + 20
+    while worker.store.get_step_state(result.id, "slow").status != "running":
+        assert time.monotonic() < deadline, worker.log.read_text()[-3000:]
+        time.sleep(0.05)
+    shop.app.control.revoke(result.id, terminate=True, signal="SIGKILL")
+    run = worker.wait_for_run(result.id, timeout=30)
+    assert run.status == "cancelled"
+    assert run.error is not None and "terminated" in run.error["message"]
+    [attempt] = worker.store.get_run_history(result.id)
+    assert attempt.status == "cancelled"
+    assert worker.store.get_step_state(result.id, "slow").status == "cancelled"
