@@ -38,21 +38,24 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_db_current(args: argparse.Namespace) -> int:
+def _revisions(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The database's schema revision and the one this pikku-celery needs."""
     store = _store(args)
-    current = store.schema_revision()
-    head = store.latest_schema_revision()
+    try:
+        return store.schema_revision(), store.latest_schema_revision()
+    finally:
+        store.close()
+
+
+def cmd_db_current(args: argparse.Namespace) -> int:
+    current, head = _revisions(args)
     print(f"current: {current or 'none (run `pikku-celery db upgrade`)'}")
     print(f"latest:  {head}")
-    store.close()
     return EXIT_OK
 
 
 def cmd_db_check(args: argparse.Namespace) -> int:
-    store = _store(args)
-    current = store.schema_revision()
-    head = store.latest_schema_revision()
-    store.close()
+    current, head = _revisions(args)
     if current != head:
         print(
             f"The schema is at {current or 'none'}, this pikku-celery needs {head}; "

@@ -1,8 +1,7 @@
 """The plumbing every store write and read shares: engine, transactions, errors.
 
-The only code that sends SQL (statements live in ``queries``). Knows nothing
-of Celery. Every write takes an optional connection: given one, it runs there
-and leaves committing to the caller; otherwise it commits its own transaction.
+Every write takes an optional connection: given one, it runs there and leaves
+committing to the caller; otherwise it commits its own transaction.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import logging
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -32,10 +31,6 @@ __all__ = ["UNSET", "ErrorLike", "StoreBase", "new_id", "now"]
 logger = logging.getLogger(__name__)
 
 ErrorLike = BaseException | Mapping[str, Any] | str
-NewAttemptStatus = Literal["pending", "scheduled", "running"]
-_NEW_ATTEMPT_STATUSES: Final = frozenset({"pending", "scheduled", "running"})
-_VERSION_STATUSES: Final = frozenset({"draft", "active", "declined"})
-_MAX_PAGE: Final = 1000
 
 
 class _Unset:
@@ -55,7 +50,7 @@ def new_id() -> str:
 
 
 class StoreBase:
-    """Reads and writes workflow runs, steps and attempts in one SQL database.
+    """The engine and the transaction and error handling under ``WorkflowStore``.
 
     ``WorkflowStore("postgresql://...")``, ``WorkflowStore("sqlite:///pikku.db")``
     or ``WorkflowStore(engine)``. Call :meth:`init` (or ``pikku-celery db
