@@ -6,21 +6,31 @@
     ├── ConfigurationError          a setting or URL cannot be used
     ├── SerializationError          a value cannot be stored as JSON
     │   └── PayloadTooLarge         a value is larger than the configured limit
-    └── StoreError                  the SQL mirror refused or failed an operation
-        ├── NotFoundError
-        │   ├── RunNotFound
-        │   ├── StepNotFound
-        │   └── VersionNotFound
-        ├── StepAlreadyExists       (run, step name) is taken
-        ├── InvalidStatus           a status outside the allowed set
-        ├── SchemaNotCurrent        the database schema is behind the code
-        └── StoreUnavailable        the database cannot be reached (transient)
+    ├── StoreError                  the SQL mirror refused or failed an operation
+    │   ├── NotFoundError
+    │   │   ├── RunNotFound
+    │   │   ├── StepNotFound
+    │   │   └── VersionNotFound
+    │   ├── StepAlreadyExists       (run, step name) is taken
+    │   ├── InvalidStatus           a status outside the allowed set
+    │   ├── SchemaNotCurrent        the database schema is behind the code
+    │   └── StoreUnavailable        the database cannot be reached (transient)
+    └── WorkflowError               a durable workflow could not go on
+        ├── StepFailed              a step failed for good (raised at its ctx.do)
+        ├── StepMismatch            a replay asked a recorded step for another task
+        ├── VersionConflict         a run started by one version replayed by another
+        ├── RunFailed               pikku.wait(): the run failed
+        ├── RunCancelled            pikku.wait(): the run was cancelled
+        └── WaitTimeout             pikku.wait(): the run did not settle in time
 
 Driver errors stay on ``__cause__``. Each class's docstring is its default
 message, and every message says what to do about it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 
 class PikkuCeleryError(Exception):
@@ -123,3 +133,81 @@ class SchemaNotCurrent(StoreError):
 
 class StoreUnavailable(StoreError, Transient):
     """The workflow database cannot be reached; check that it is running and the URL is right."""
+
+
+class WorkflowError(PikkuCeleryError):
+    """A durable workflow could not go on."""
+
+
+class StepFailed(WorkflowError):
+    """A step of the workflow failed for good; catch it in the workflow to compensate."""
+
+    def __init__(self, step_name: str, error: Mapping[str, Any] | None) -> None:
+        self.step_name = step_name
+        self.error = dict(error or {})
+        detail = self.error.get("message") or "no message"
+        kind = self.error.get("type")
+        super().__init__(
+            f"Step {step_name!r} failed for good ({kind + ': ' if kind else ''}{detail}); "
+            "catch StepFailed in the workflow to compensate, or fix the cause and "
+            "`pikku.resume(run_id)`."
+        )
+
+
+class StepMismatch(WorkflowError):
+    """A replay asked a recorded step for a different task than the one it ran."""
+
+    def __init__(self, step_name: str, recorded: str | None, requested: str | None) -> None:
+        self.step_name = step_name
+        super().__init__(
+            f"Step {step_name!r} was recorded with task {recorded!r} but this replay asks "
+            f"for {requested!r}; give the new step another name, or start a new run."
+        )
+
+
+class VersionConflict(WorkflowError):
+    """A run started by one version of a workflow was replayed by another."""
+
+    code = "VERSION_CONFLICT"
+
+    def __init__(self, workflow: str, started: str | None, current: str) -> None:
+        self.workflow = workflow
+        self.started = started
+        self.current = current
+        super().__init__(
+            f"VERSION_CONFLICT: run of workflow {workflow!r} was started by version "
+            f"{started!r} but this worker runs version {current!r}; deploy the old version "
+            f"to finish it, or declare it compatible: "
+            f"@pikku.workflow({workflow!r}, compatible=[{started!r}])."
+        )
+
+
+class RunFailed(WorkflowError):
+    """The run failed; its error says which step and why."""
+
+    def __init__(self, run_id: str, error: Mapping[str, Any] | None) -> None:
+        self.run_id = run_id
+        self.error = dict(error or {})
+        super().__init__(
+            f"Run {run_id!r} failed: {self.error.get('message') or 'no message'}; see "
+            "`pikku-celery runs show` for each attempt, fix the cause and `pikku.resume()` it."
+        )
+
+
+class RunCancelled(WorkflowError):
+    """The run was cancelled."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"Run {run_id!r} was cancelled; start a new run to do the work.")
+
+
+class WaitTimeout(WorkflowError, TimeoutError):
+    """The run did not settle in time."""
+
+    def __init__(self, run_id: str, timeout: float, status: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"Run {run_id!r} is still {status} after {timeout:g}s; wait longer, or check "
+            "that a worker is running (`celery -A yourapp worker`)."
+        )

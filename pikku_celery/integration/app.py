@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
 from celery import Celery
@@ -15,6 +15,8 @@ from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.task import WorkflowTask
 from pikku_celery.store import WorkflowStore
 from pikku_celery.store.engine import DEFAULT_DATABASE_URL, ENV_DATABASE_URL
+from pikku_celery.workflows.definition import Workflow
+from pikku_celery.workflows.engine import WorkflowEngine
 
 __all__ = ["PikkuCelery"]
 
@@ -48,6 +50,7 @@ class PikkuCelery:
             )
             store = WorkflowStore(url)
         self.mirror = CeleryMirror(store)
+        self.workflows = WorkflowEngine(app, self.mirror)
         # Flower and `celery events` see every task and every retry.
         app.conf.worker_send_task_events = True
         app.conf.task_send_sent_event = True
@@ -123,3 +126,39 @@ class PikkuCelery:
         finally:
             signals.current_run.reset(token)
         return run_id
+
+    # --- durable workflows ---------------------------------------------------------
+
+    def workflow(
+        self,
+        name: str,
+        *,
+        version: str | None = None,
+        compatible: Iterable[str] = (),
+    ) -> Callable[[Callable[..., Any]], Workflow]:
+        """Declare a durable workflow: ``fn(ctx, *args, **kwargs)`` replayed step by step.
+
+        ``version`` defaults to a hash of the function's source; a run is only
+        replayed by the version that started it or one listing it in ``compatible``.
+        """
+
+        def register(fn: Callable[..., Any]) -> Workflow:
+            return self.workflows.define(name, fn, version, compatible)
+
+        return register
+
+    def wait(self, run_id: str, timeout: float = 60.0) -> Any:
+        """The run's output once it completes; raises RunFailed, RunCancelled or WaitTimeout."""
+        return self.workflows.wait(run_id, timeout)
+
+    def resume(self, run_id: str) -> list[str]:
+        """Retry a failed or stuck run's failed steps as new attempts; keep the rest."""
+        return self.workflows.resume(run_id)
+
+    def rerun(self, run_id: str, from_step: str) -> list[str]:
+        """New attempts for ``from_step`` and every step after it."""
+        return self.workflows.rerun(run_id, from_step)
+
+    def cancel(self, run_id: str) -> list[str]:
+        """Cancel the run; its scheduled and running steps are revoked."""
+        return self.workflows.cancel(run_id)

@@ -13,6 +13,8 @@ RUN_ID: Final = "pikku_run_id"
 STEP_NAME: Final = "pikku_step"
 # For a task that is not a step (a chord's unlock task): the step its children follow.
 PARENT_STEP: Final = "pikku_parent_step"
+# Set when a durable workflow's replay dispatched the step: its end replays the run.
+ORCHESTRATED: Final = "pikku_orchestrated"
 
 
 def from_request(request: Any, name: str) -> Any:

@@ -144,8 +144,10 @@ def before_task_publish(
             if context.parent_step:
                 headers.setdefault(h.PARENT_STEP, context.parent_step)
         return
-    if headers.get("retries"):
-        return  # a retry republishes its step; the retry handler records the attempt
+    if headers.get("retries") or headers.get(h.ORCHESTRATED):
+        # A retry republishes its step (the retry handler records the attempt);
+        # a workflow's replay claimed its step before it published it.
+        return
     step_id = str(headers["id"])
     args, kwargs = (
         (body[0], body[1]) if isinstance(body, list | tuple) and len(body) >= 2 else ((), {})
@@ -228,6 +230,11 @@ def task_success(sender: Any = None, result: Any = None, **_: Any) -> None:
         return
     request = sender.request
     run_id = h.from_request(request, h.RUN_ID) or str(request.id)
+    if h.from_request(request, h.ORCHESTRATED):
+        # The workflow function decides the run's outcome: replay it.
+        pikku.mirror.succeeded(None, str(request.id), _attempt(sender), result)
+        pikku.workflows.replay_soon(run_id)
+        return
     pikku.mirror.succeeded(run_id, str(request.id), _attempt(sender), result)
 
 
@@ -244,6 +251,11 @@ def task_failure(
         error["traceback"] = einfo.traceback
     error["step"] = h.from_request(request, h.STEP_NAME)
     run_id = h.from_request(request, h.RUN_ID) or str(request.id)
+    if h.from_request(request, h.ORCHESTRATED):
+        # StepFailed is raised at the step's ctx.do; the workflow may compensate.
+        pikku.mirror.ended(None, str(request.id), _attempt(sender), "failed", error)
+        pikku.workflows.replay_soon(run_id)
+        return
     pikku.mirror.ended(run_id, str(request.id), _attempt(sender), "failed", error)
 
 

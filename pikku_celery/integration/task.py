@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery import Task
 
+from pikku_celery.integration import headers as h
+
 if TYPE_CHECKING:
     _TaskBase = Task[Any, Any]
 else:
@@ -29,3 +31,17 @@ class WorkflowTask(_TaskBase):
     @classmethod
     def step_name_for(cls, task_name: str) -> str:
         return cls.pikku_step_name or task_name.rsplit(".", 1)[-1]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if getattr(request, "id", None) and h.from_request(request, h.ORCHESTRATED):
+            # A workflow step dispatched twice (a replay crashed between sending
+            # it and recording that) must not do its work twice.
+            from pikku_celery.integration.signals import registry
+
+            pikku = registry.get(id(self.app))
+            if pikku is not None:
+                done, result = pikku.workflows.finished_result(str(request.id))
+                if done:
+                    return result
+        return super().__call__(*args, **kwargs)

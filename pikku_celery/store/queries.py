@@ -312,6 +312,7 @@ def retry_attempt_pg(status: str) -> sa.Select[Any]:
         "attempt": step.c.current_attempt,
         "status": sa.literal(status, sa.Text),
         "created_at": _typed("now", history.c.created_at),
+        "reason": _typed("reason", history.c.reason),
     }
     stamp = TIMESTAMP_COLUMN[status]
     if stamp is not None:

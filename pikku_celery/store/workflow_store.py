@@ -21,10 +21,10 @@ from pikku_celery.errors import (
     VersionNotFound,
 )
 from pikku_celery.store import queries as q
-from pikku_celery.store.attempt_writes import AttemptWrites
 from pikku_celery.store.base import UNSET, ErrorLike, StoreBase, _Unset
 from pikku_celery.store.base import new_id as _new_id
 from pikku_celery.store.base import now as _now
+from pikku_celery.store.claim_writes import ClaimWrites
 from pikku_celery.store.models import (
     RUN_STATUSES,
     StepAttempt,
@@ -32,6 +32,7 @@ from pikku_celery.store.models import (
     WorkflowRun,
     WorkflowVersion,
 )
+from pikku_celery.store.stats import StoreStats
 
 __all__ = ["UNSET", "WorkflowStore"]
 
@@ -41,7 +42,7 @@ _VERSION_STATUSES: Final = frozenset({"draft", "active", "declined"})
 _MAX_PAGE: Final = 1000
 
 
-class WorkflowStore(AttemptWrites, StoreBase):
+class WorkflowStore(ClaimWrites, StoreStats, StoreBase):
     """Reads and writes workflow runs, steps and attempts in one SQL database.
 
     ``WorkflowStore("postgresql://...")``, ``WorkflowStore("sqlite:///pikku.db")``
@@ -349,13 +350,17 @@ class WorkflowStore(AttemptWrites, StoreBase):
         step_id: str,
         status: NewAttemptStatus = "pending",
         *,
+        reason: str = "retry",
         conn: sa.Connection | None = None,
     ) -> StepState:
-        """Move the step to attempt n+1 and add that attempt's row, atomically."""
+        """Move the step to attempt n+1 and add that attempt's row, atomically.
+
+        ``reason`` is recorded on the attempt: ``retry``, ``resume``, ``rerun``...
+        """
         if status not in _NEW_ATTEMPT_STATUSES:
             raise InvalidStatus("new attempt", status, _NEW_ATTEMPT_STATUSES)
         now = _now()
-        params = {"step_id": step_id, "now": now, "history_id": _new_id()}
+        params = {"step_id": step_id, "now": now, "history_id": _new_id(), "reason": reason}
         with self._tx(conn) as c:
             if self._pg:
                 row = c.execute(q.retry_attempt_pg(status), params).mappings().first()
@@ -368,6 +373,7 @@ class WorkflowStore(AttemptWrites, StoreBase):
                         "status": status,
                         "attempt": row["current_attempt"],
                         "created_at": now,
+                        "reason": reason,
                     }
                     stamp = q.TIMESTAMP_COLUMN[status]
                     if stamp is not None:

@@ -15,6 +15,7 @@ from typing import Any
 from celery import Celery
 
 from pikku_celery import PikkuCelery, WorkflowTask
+from pikku_celery.errors import StepFailed
 
 app = Celery(
     "shop",
@@ -116,3 +117,80 @@ def opaque() -> object:
 @app.task(name="shop.plain")
 def plain() -> str:
     return "not mirrored"
+
+
+# --- durable workflows ---------------------------------------------------------
+
+
+@pikku.step(name="shop.count")
+def count(label: str) -> int:
+    """A side effect counted in the database itself: how often did this step really run?"""
+    with pikku.store.engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS shop_effects (label TEXT, pid INTEGER)")
+        conn.exec_driver_sql(
+            "INSERT INTO shop_effects (label, pid) VALUES (%(l)s, %(p)s)"
+            if conn.dialect.name == "postgresql"
+            else "INSERT INTO shop_effects (label, pid) VALUES (:l, :p)",
+            {"l": label, "p": os.getpid()},
+        )
+    return len(label)
+
+
+@pikku.workflow("checkout")
+def checkout(ctx: Any, order_id: int) -> dict[str, Any]:
+    order = ctx.do("reserve", reserve, order_id)
+    receipt = ctx.do("charge", charge, order, 2)
+    token = ctx.do("token", lambda: f"tok-{order_id}")
+    ctx.state["receipt.order"] = order_id
+    shipped = ctx.do("ship", ship, receipt)
+    return {"receipt": receipt, "token": token, "shipped": shipped}
+
+
+@pikku.workflow("refund-with-compensation")
+def refund_flow(ctx: Any, order_id: int) -> str:
+    try:
+        ctx.do("refund", always_fails, order_id)
+    except StepFailed as failure:
+        ctx.do("apologise", notify, order_id)
+        return f"compensated: {failure.step_name}"
+    return "refunded"
+
+
+@pikku.workflow("long")
+def long_flow(ctx: Any, steps: int) -> int:
+    total = 0
+    for n in range(steps):
+        total += ctx.do("add", add, n, 1)
+    return total
+
+
+@pikku.workflow("napper")
+def napper(ctx: Any, seconds: float) -> str:
+    first = ctx.do("before", count, "before-sleep")
+    ctx.sleep("nap", seconds=seconds)
+    second = ctx.do("after", count, "after-sleep")
+    return f"{first}+{second}"
+
+
+@pikku.workflow("fanout")
+def fanout(ctx: Any, order_id: int) -> Any:
+    try:
+        return ctx.do_all([("a", add, 1, 2), ("b", always_fails, order_id), ("c", add, 3, 4)])
+    except StepFailed as failure:
+        return {"failed": failure.step_name}
+
+
+@pikku.workflow("durable")
+def durable(ctx: Any) -> list[int]:
+    return [
+        ctx.do("one", count, "one"),
+        ctx.do("two", slow_count, "two"),
+        ctx.do("three", count, "three"),
+    ]
+
+
+@pikku.step(name="shop.slow_count", acks_late=True)
+def slow_count(label: str) -> int:
+    journal(f"slow_count start {os.getpid()}")
+    time.sleep(2)
+    return count(label)

@@ -1,0 +1,135 @@
+"""Read-only aggregates and searches over the mirror, for the dashboard and metrics."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import sqlalchemy as sa
+
+from pikku_celery.errors import InvalidStatus
+from pikku_celery.store import stats_queries as sq
+from pikku_celery.store.base import StoreBase, now
+from pikku_celery.store.models import RUN_STATUSES, WorkflowRun
+
+__all__ = ["AttemptCount", "AttemptTotals", "StoreStats"]
+
+_MAX_PAGE: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptCount:
+    """How many attempts of one task (its rpc name, else its step name) are in one status."""
+
+    step: str
+    status: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptTotals:
+    """Every attempt, and those of them that were retries (attempt number above 1)."""
+
+    attempts: int
+    retries: int
+
+    @property
+    def retry_ratio(self) -> float:
+        return self.retries / self.attempts if self.attempts else 0.0
+
+
+def _like_prefix(prefix: str) -> str:
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"{escaped}%"
+
+
+def _statuses(status: str | Sequence[str] | None) -> list[str]:
+    statuses = [status] if isinstance(status, str) else list(status or [])
+    for one in statuses:
+        if one not in RUN_STATUSES:
+            raise InvalidStatus("run", one, RUN_STATUSES)
+    return statuses
+
+
+class StoreStats(StoreBase):
+    def run_counts(self, *, conn: sa.Connection | None = None) -> dict[str, int]:
+        """How many runs are in each status; a status with no run is absent."""
+        with self._read(conn) as c:
+            return {row.status: int(row.n) for row in c.execute(sq.run_counts)}
+
+    def attempt_counts(self, *, conn: sa.Connection | None = None) -> list[AttemptCount]:
+        """Attempts by task and status, sorted by task then status."""
+        with self._read(conn) as c:
+            return [
+                AttemptCount(step=row.step, status=row.status, count=int(row.n))
+                for row in c.execute(sq.attempt_counts)
+            ]
+
+    def attempt_totals(self, *, conn: sa.Connection | None = None) -> AttemptTotals:
+        with self._read(conn) as c:
+            row = c.execute(sq.attempt_totals).one()
+        return AttemptTotals(attempts=int(row.attempts), retries=int(row.retries))
+
+    def oldest_running_attempt_age(
+        self, *, at: dt.datetime | None = None, conn: sa.Connection | None = None
+    ) -> float | None:
+        """Seconds since the oldest attempt still running started (None: nothing runs)."""
+        with self._read(conn) as c:
+            started: dt.datetime | None = c.execute(sq.oldest_running_attempt).scalar()
+        if started is None:
+            return None
+        return max(0.0, ((at or now()) - started).total_seconds())
+
+    def workflow_names(self, *, conn: sa.Connection | None = None) -> list[str]:
+        """Every workflow name that has a run, sorted."""
+        with self._read(conn) as c:
+            return [str(name) for name in c.execute(sq.workflow_names).scalars()]
+
+    def count_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: str | Sequence[str] | None = None,
+        run_id_prefix: str | None = None,
+        conn: sa.Connection | None = None,
+    ) -> int:
+        """How many runs ``list_runs`` (or ``search_runs``) with these filters pages through."""
+        statuses = _statuses(status)
+        params: dict[str, Any] = {
+            "workflow": workflow,
+            "statuses": statuses,
+            "id_pattern": None if run_id_prefix is None else _like_prefix(run_id_prefix),
+        }
+        query = sq.count_runs(workflow is not None, bool(statuses), run_id_prefix is not None)
+        with self._read(conn) as c:
+            return int(c.execute(query, params).scalar_one())
+
+    def search_runs(
+        self,
+        run_id_prefix: str,
+        *,
+        workflow: str | None = None,
+        status: str | Sequence[str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        conn: sa.Connection | None = None,
+    ) -> list[WorkflowRun]:
+        """Runs whose id starts with ``run_id_prefix``, newest first, like ``list_runs``."""
+        if not 1 <= limit <= _MAX_PAGE:
+            raise ValueError(f"limit must be between 1 and {_MAX_PAGE}; page with offset=.")
+        if offset < 0:
+            raise ValueError("offset must be 0 or more.")
+        statuses = _statuses(status)
+        params: dict[str, Any] = {
+            "workflow": workflow,
+            "statuses": statuses,
+            "id_pattern": _like_prefix(run_id_prefix),
+            "limit": limit,
+            "offset": offset,
+        }
+        query = sq.search_runs(workflow is not None, bool(statuses))
+        with self._read(conn) as c:
+            rows = c.execute(query, params).mappings().all()
+        return [WorkflowRun.from_row(row) for row in rows]

@@ -1,0 +1,3 @@
+"""Durable workflows: plain functions replayed from the top, each step an ordinary Celery task."""
+
+from __future__ import annotations

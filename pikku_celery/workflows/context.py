@@ -1,0 +1,292 @@
+"""``WorkflowContext`` (``ctx``): how a workflow function asks for its steps.
+
+During a replay every step the run already has is answered from the store;
+the first step it does not have is claimed, dispatched, and the replay stops
+(:class:`Suspend`). The function therefore runs many times, and each finished
+step's work is done once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from typing import Any, Protocol
+
+from pikku_celery.errors import ConfigurationError, StepFailed, StepMismatch
+from pikku_celery.store import StepState, WorkflowStore
+from pikku_celery.store.codec import error_document
+
+__all__ = ["SLEEP", "Dispatcher", "RunState", "Suspend", "WorkflowContext"]
+
+#: The task name recorded for a durable sleep.
+SLEEP = "pikku.sleep"
+_IN_FLIGHT = object()
+
+
+class Suspend(BaseException):
+    """The replay stops: a step is in flight. Workflow code must not catch it."""
+
+
+class Dispatcher(Protocol):
+    """Sends the messages a replay decides on (Celery in production)."""
+
+    def step(
+        self,
+        run_id: str,
+        step_id: str,
+        step_name: str,
+        task: Any,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        attempt: int,
+    ) -> None: ...
+
+    def wake(self, run_id: str, step_id: str, attempt: int, at: dt.datetime) -> None: ...
+
+
+class RunState(MutableMapping[str, Any]):
+    """``ctx.state``: the run's JSON key/value state; each write is one atomic statement."""
+
+    def __init__(self, store: WorkflowStore, run_id: str, values: dict[str, Any]) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._values = values
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        old = self._values.get(key, _IN_FLIGHT)
+        if type(old) is type(value) and old == value:
+            return  # a replay setting what it set before: no write
+        self._store.update_run_state(self._run_id, key, value)
+        self._values[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError("Run state keys cannot be deleted; set the key to None instead.")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def _is_task(fn: Any) -> bool:
+    return hasattr(fn, "apply_async") and hasattr(fn, "name")
+
+
+class WorkflowContext:
+    def __init__(
+        self,
+        store: WorkflowStore,
+        run_id: str,
+        steps: dict[str, StepState],
+        state: dict[str, Any],
+        dispatcher: Dispatcher,
+    ) -> None:
+        self.run_id = run_id
+        self.state = RunState(store, run_id, state)
+        self.sleeping = False
+        self._store = store
+        self._steps = steps
+        self._dispatcher = dispatcher
+        self._seen: dict[str, int] = {}
+        self._previous: str | None = None
+
+    # --- the workflow's API -----------------------------------------------------
+
+    def do(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn`` as the step ``name`` once; later replays get its stored result.
+
+        ``fn`` is a Celery task of pikku's (``@pikku.step``): it is dispatched to a
+        worker. Any other callable is an inline step, run here in the replay.
+        """
+        key = self._key(name)
+        value = self._resolve(key, fn, args, kwargs, self._previous)
+        self._previous = key
+        if value is _IN_FLIGHT:
+            raise Suspend
+        return value
+
+    def do_all(self, calls: Sequence[Sequence[Any]]) -> list[Any]:
+        """Steps in parallel: ``[(name, fn, *args), ...]``; returns their results in order.
+
+        All are dispatched at once. When one failed for good, ``StepFailed``
+        is raised once every branch has ended.
+        """
+        before = self._previous
+        results: list[Any] = []
+        failure: StepFailed | None = None
+        for name, fn, *args in calls:
+            key = self._key(name)
+            try:
+                results.append(self._resolve(key, fn, tuple(args), {}, before))
+            except StepFailed as exc:
+                failure = failure or exc
+                results.append(None)
+            self._previous = key
+        if any(value is _IN_FLIGHT for value in results):
+            raise Suspend
+        if failure is not None:
+            raise failure
+        return results
+
+    def sleep(self, name: str, *, seconds: float) -> None:
+        """A durable pause: a message with an ETA wakes the run, whatever restarts between."""
+        key = self._key(name)
+        step = self._steps.get(key)
+        previous, self._previous = self._previous, key
+        now = dt.datetime.now(dt.timezone.utc)
+        if step is None:
+            wake_at = now + dt.timedelta(seconds=seconds)
+            step_id = str(uuid.uuid4())
+            if self._store.claim_step(
+                self.run_id,
+                step_id,
+                key,
+                SLEEP,
+                {"seconds": seconds, "wake_at": wake_at.isoformat()},
+                eta=wake_at,
+                from_step_name=previous,
+            ):
+                self._dispatcher.wake(self.run_id, step_id, 1, wake_at)
+            self.sleeping = True
+            raise Suspend
+        self._check_task(key, step, SLEEP)
+        if step.status == "succeeded":
+            return
+        if step.status == "pending":  # made pending again by a rerun: sleep anew
+            wake_at = now + dt.timedelta(seconds=seconds)
+            if self._store.take_pending_step(step.step_id, step.attempt_count, eta=wake_at):
+                self._dispatcher.wake(self.run_id, step.step_id, step.attempt_count, wake_at)
+            self.sleeping = True
+            raise Suspend
+        wake_at = dt.datetime.fromisoformat((step.data or {}).get("wake_at", now.isoformat()))
+        if now >= wake_at:
+            # Past its time: whichever comes first, this replay or the wake-up message.
+            self._store.record_attempt(step.step_id, step.attempt_count, "succeeded")
+            return
+        self.sleeping = True
+        raise Suspend
+
+    # --- replay ------------------------------------------------------------------
+
+    def _key(self, name: str) -> str:
+        count = self._seen.get(name, 0) + 1
+        self._seen[name] = count
+        return name if count == 1 else f"{name}#{count}"
+
+    @staticmethod
+    def _check_task(key: str, step: StepState, expected: str | None) -> None:
+        if step.rpc_name != expected:
+            raise StepMismatch(key, step.rpc_name, expected)
+
+    def _resolve(
+        self,
+        key: str,
+        fn: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        previous: str | None,
+    ) -> Any:
+        if _is_task(fn):
+            return self._task_step(key, fn, args, kwargs, previous)
+        if callable(fn):
+            return self._inline_step(key, fn, args, kwargs, previous)
+        raise ConfigurationError(
+            f"Step {key!r} needs a task or a callable, not {type(fn).__name__}."
+        )
+
+    def _task_step(
+        self,
+        key: str,
+        task: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        previous: str | None,
+    ) -> Any:
+        from pikku_celery.integration.task import WorkflowTask
+
+        if not isinstance(task, WorkflowTask):
+            raise ConfigurationError(
+                f"Task {task.name!r} is not a pikku step, so its outcome would never reach "
+                "the run; decorate it with @pikku.step or use base=WorkflowTask."
+            )
+        step = self._steps.get(key)
+        if step is None:
+            step_id = str(uuid.uuid4())
+            if self._store.claim_step(
+                self.run_id,
+                step_id,
+                key,
+                task.name,
+                {"args": list(args), "kwargs": kwargs},
+                from_step_name=previous,
+                retries=task.max_retries,
+                retry_delay=task.default_retry_delay,
+            ):
+                self._dispatcher.step(self.run_id, step_id, key, task, args, kwargs, 1)
+            return _IN_FLIGHT
+        self._check_task(key, step, task.name)
+        if step.status == "succeeded":
+            return step.result
+        if step.status in ("failed", "cancelled"):
+            raise StepFailed(key, step.error)
+        if step.status == "pending" and self._store.take_pending_step(
+            step.step_id, step.attempt_count
+        ):
+            self._dispatcher.step(
+                self.run_id, step.step_id, key, task, args, kwargs, step.attempt_count
+            )
+        return _IN_FLIGHT
+
+    def _inline_step(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        previous: str | None,
+    ) -> Any:
+        step = self._steps.get(key)
+        if step is not None:
+            self._check_task(key, step, None)
+            if step.status == "succeeded":
+                return step.result
+            if step.status in ("failed", "cancelled"):
+                raise StepFailed(key, step.error)
+        started = dt.datetime.now(dt.timezone.utc)
+        error: dict[str, Any] | None = None
+        value: Any = None
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as exc:
+            error = error_document(exc)
+        status = "failed" if error else "succeeded"
+        if step is None:
+            claimed = self._store.claim_step(
+                self.run_id,
+                str(uuid.uuid4()),
+                key,
+                None,
+                None,
+                status=status,
+                from_step_name=previous,
+                result=value,
+                error=error,
+                started_at=started,
+            )
+            if not claimed:  # a concurrent replay recorded it first: its outcome stands
+                won = self._store.get_step_state(self.run_id, key)
+                if won.status == "failed":
+                    raise StepFailed(key, won.error)
+                return won.result
+        else:  # pending again after a resume or rerun: a new attempt of the same step
+            self._store.record_attempt(
+                step.step_id, step.attempt_count, status, result=value, error=error
+            )
+        if error is not None:
+            raise StepFailed(key, error)
+        return value

@@ -1,0 +1,230 @@
+"""``WorkflowEngine``: durable workflows on a Celery app.
+
+The orchestrator is a Celery task (``pikku_celery.orchestrate``) that replays
+a run; a step's end (success, or failure for good) queues the next replay.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from celery import Celery
+
+from pikku_celery.errors import (
+    ConfigurationError,
+    RunCancelled,
+    RunFailed,
+    StepNotFound,
+    WaitTimeout,
+)
+from pikku_celery.integration import headers as h
+from pikku_celery.store import WorkflowStore
+from pikku_celery.workflows.context import SLEEP
+from pikku_celery.workflows.definition import Workflow, code_version
+from pikku_celery.workflows.replay import Outcome, replay
+
+if TYPE_CHECKING:
+    from pikku_celery.integration.mirror import CeleryMirror
+
+__all__ = ["ORCHESTRATE_TASK", "WAKE_TASK", "WorkflowEngine"]
+
+logger = logging.getLogger(__name__)
+
+ORCHESTRATE_TASK: Final = "pikku_celery.orchestrate"
+WAKE_TASK: Final = "pikku_celery.wake"
+_UNFINISHED: Final = ("pending", "scheduled", "running")
+
+
+class CeleryDispatcher:
+    """Sends a replay's decisions as Celery messages."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def step(
+        self,
+        run_id: str,
+        step_id: str,
+        step_name: str,
+        task: Any,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        attempt: int,
+    ) -> None:
+        # The step id is the task id, and `retries` makes the worker's
+        # request.retries + 1 equal the attempt the store expects.
+        task.apply_async(
+            tuple(args),
+            kwargs,
+            task_id=step_id,
+            retries=attempt - 1,
+            headers={h.RUN_ID: run_id, h.STEP_NAME: step_name, h.ORCHESTRATED: True},
+        )
+
+    def wake(self, run_id: str, step_id: str, attempt: int, at: dt.datetime) -> None:
+        self.app.send_task(WAKE_TASK, (run_id, step_id, attempt), eta=at)
+
+    def orchestrate(self, run_id: str) -> None:
+        self.app.send_task(ORCHESTRATE_TASK, (run_id,))
+
+
+class WorkflowEngine:
+    def __init__(self, app: Celery, mirror: CeleryMirror) -> None:
+        self.app = app
+        self._mirror = mirror
+        self.dispatcher = CeleryDispatcher(app)
+        self.workflows: dict[str, Workflow] = {}
+        app.task(name=ORCHESTRATE_TASK, acks_late=True, ignore_result=True, shared=False)(
+            self._orchestrate
+        )
+        app.task(name=WAKE_TASK, acks_late=True, ignore_result=True, shared=False)(self._wake)
+
+    @property
+    def store(self) -> WorkflowStore:
+        return self._mirror.store
+
+    # --- definitions ------------------------------------------------------------
+
+    def define(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        version: str | None,
+        compatible: Iterable[str],
+    ) -> Workflow:
+        if name in self.workflows and self.workflows[name].fn is not fn:
+            raise ConfigurationError(f"Two workflows are named {name!r}; give each its own name.")
+        workflow = Workflow(
+            name=name,
+            fn=fn,
+            version=version or code_version(fn),
+            compatible=frozenset(compatible),
+            starter=self._start,
+        )
+        self.workflows[name] = workflow
+        return workflow
+
+    def _start(self, workflow: Workflow, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        store = self.store
+        store.upsert_workflow_version(workflow.name, workflow.version, workflow.graph, "python")
+        run_id = store.create_run(
+            workflow.name,
+            {"args": list(args), "kwargs": kwargs},
+            graph_hash=workflow.version,
+            wire={"type": "workflow"},
+        )
+        self.dispatcher.orchestrate(run_id)
+        return run_id
+
+    # --- the Celery tasks -------------------------------------------------------
+
+    def _orchestrate(self, run_id: str) -> str:
+        run = self.store.get_run(run_id)
+        workflow = self.workflows.get(run.workflow)
+        if workflow is None:
+            raise ConfigurationError(
+                f"Run {run_id!r} belongs to workflow {run.workflow!r}, which this worker "
+                "does not define; import the module that declares it in the worker."
+            )
+        outcome: Outcome = replay(self.store, workflow, run_id, self.dispatcher)
+        return outcome
+
+    def _wake(self, run_id: str, step_id: str, attempt: int) -> None:
+        self.store.record_attempt(step_id, attempt, "succeeded")
+        self.dispatcher.orchestrate(run_id)
+
+    def replay_soon(self, run_id: str) -> None:
+        """A step of the run ended: replay the run (called from signal handlers)."""
+        self.dispatcher.orchestrate(run_id)
+
+    def finished_result(self, step_id: str) -> tuple[bool, Any]:
+        """(True, result) when the step already succeeded: a duplicate dispatch of it."""
+        try:
+            step = self.store.get_step(step_id)
+        except StepNotFound:
+            return False, None
+        return step.status == "succeeded", step.result
+
+    # --- control ----------------------------------------------------------------
+
+    def wait(self, run_id: str, timeout: float = 60.0) -> Any:
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            run = self.store.get_run(run_id)
+            if run.status == "completed":
+                return run.output
+            if run.status == "failed":
+                raise RunFailed(run_id, run.error)
+            if run.status == "cancelled":
+                raise RunCancelled(run_id)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WaitTimeout(run_id, timeout, run.status)
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 1.0)
+
+    def resume(self, run_id: str) -> list[str]:
+        """New attempts for the run's failed steps; the rest is kept. Returns their names."""
+        store = self.store
+        run = store.get_run(run_id)
+        if run.status == "completed":
+            return []
+        again = [s for s in store.list_step_states(run_id) if s.status in ("failed", "cancelled")]
+        with store.transaction() as conn:
+            for step in again:
+                store.create_retry_attempt(step.step_id, "pending", reason="resume", conn=conn)
+            store.move_run(
+                run_id,
+                "running",
+                from_statuses=("failed", "cancelled", "suspended", "running"),
+                conn=conn,
+            )
+        self.dispatcher.orchestrate(run_id)
+        return [step.step_name for step in again]
+
+    def rerun(self, run_id: str, from_step: str) -> list[str]:
+        """New attempts for ``from_step`` and every step after it. Returns their names."""
+        store = self.store
+        steps = store.list_step_states(run_id)
+        names = [step.step_name for step in steps]
+        if from_step not in names:
+            raise StepNotFound(run_id=run_id, step_name=from_step)
+        again = steps[names.index(from_step) :]
+        with store.transaction() as conn:
+            for step in again:
+                store.create_retry_attempt(step.step_id, "pending", reason="rerun", conn=conn)
+            store.move_run(
+                run_id,
+                "running",
+                from_statuses=("completed", "failed", "cancelled", "suspended", "running"),
+                conn=conn,
+            )
+        self.dispatcher.orchestrate(run_id)
+        return [step.step_name for step in again]
+
+    def cancel(self, run_id: str) -> list[str]:
+        """Cancel the run and revoke its unfinished steps. Returns their names."""
+        store = self.store
+        error = {"type": "Cancelled", "message": "The run was cancelled.", "traceback": None}
+        open_steps = [s for s in store.list_step_states(run_id) if s.status in _UNFINISHED]
+        with store.transaction() as conn:
+            store.move_run(
+                run_id,
+                "cancelled",
+                from_statuses=("running", "suspended"),
+                error=error,
+                conn=conn,
+            )
+            for step in open_steps:
+                store.record_attempt(
+                    step.step_id, step.attempt_count, "cancelled", error=error, conn=conn
+                )
+        tasks = [s.step_id for s in open_steps if s.rpc_name not in (None, SLEEP)]
+        if tasks:
+            self.app.control.revoke(tasks)
+        return [step.step_name for step in open_steps]

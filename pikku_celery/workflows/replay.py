@@ -1,0 +1,71 @@
+"""One replay of a run: walk the workflow function against what the store knows.
+
+Knows nothing of Celery: messages go through a :class:`Dispatcher`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final, Literal
+
+from pikku_celery.errors import SerializationError, StepFailed, VersionConflict
+from pikku_celery.store import WorkflowStore
+from pikku_celery.store.codec import error_document
+from pikku_celery.store.models import SETTLED_RUN_STATUSES
+from pikku_celery.workflows.context import Dispatcher, Suspend, WorkflowContext
+from pikku_celery.workflows.definition import Workflow
+
+__all__ = ["Outcome", "replay"]
+
+logger = logging.getLogger(__name__)
+
+Outcome = Literal["settled", "waiting", "sleeping", "completed", "failed"]
+_GOING: Final = ("running", "suspended")
+
+
+def replay(
+    store: WorkflowStore, workflow: Workflow, run_id: str, dispatcher: Dispatcher
+) -> Outcome:
+    """Replay the run once: stored results for finished steps, dispatch the next, stop."""
+    run = store.get_run(run_id)
+    if run.status in SETTLED_RUN_STATUSES:
+        return "settled"
+    if not workflow.accepts(run.graph_hash):
+        conflict = VersionConflict(workflow.name, run.graph_hash, workflow.version)
+        document = error_document(conflict)
+        document["code"] = VersionConflict.code
+        store.move_run(run_id, "failed", from_statuses=_GOING, error=document)
+        return "failed"
+    if run.status == "suspended":
+        store.move_run(run_id, "running", from_statuses=("suspended",))
+    steps = {step.step_name: step for step in store.list_step_states(run_id)}
+    ctx = WorkflowContext(store, run_id, steps, dict(run.state), dispatcher)
+    call = run.input if isinstance(run.input, dict) else {}
+    try:
+        output = workflow.fn(ctx, *call.get("args", []), **call.get("kwargs", {}))
+    except Suspend:
+        if ctx.sleeping:
+            store.move_run(run_id, "suspended", from_statuses=("running",))
+            return "sleeping"
+        return "waiting"
+    except StepFailed as exc:
+        document = error_document(exc)
+        document.update(step=exc.step_name, cause=exc.error)
+        store.move_run(run_id, "failed", from_statuses=_GOING, error=document)
+        return "failed"
+    except Exception as exc:
+        logger.info(
+            "workflow %s run %s failed: %s",
+            workflow.name,
+            run_id,
+            exc,
+            extra={"action": "workflow_failed", "run_id": run_id},
+        )
+        store.move_run(run_id, "failed", from_statuses=_GOING, error=exc)
+        return "failed"
+    try:
+        store.move_run(run_id, "completed", from_statuses=_GOING, output=output)
+    except SerializationError as exc:
+        store.move_run(run_id, "failed", from_statuses=_GOING, error=exc)
+        return "failed"
+    return "completed"
