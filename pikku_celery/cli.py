@@ -75,6 +75,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from pikku_celery.dashboard import create_app
+    except ImportError as exc:  # the web stack is an optional extra
+        print(
+            f"error: the dashboard needs {exc.name or 'its extra dependencies'}. "
+            "Run `pip install pikku-celery[dashboard]`.",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    password = os.environ.get("PIKKU_DASHBOARD_PASSWORD") or None
+    store = _store(args)
+    try:
+        app = create_app(store, flower_url=args.flower_url, auth_token=password)
+        mode = "sign in to delete runs" if password else "read-only"
+        print(f"pikku-celery dashboard on http://{args.host}:{args.port}/ ({mode})", flush=True)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        store.close()
+    return EXIT_OK
+
+
 def _env_help(text: str, env: str) -> str:
     return f"{text} [env: {env}]"
 
@@ -121,6 +145,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="database URL for the mirror (same as the global option)",
     )
     demo.set_defaults(func=cmd_demo)
+
+    dashboard = commands.add_parser(
+        "dashboard",
+        help="serve the web dashboard, its JSON API and /metrics",
+        epilog="Run actions need a password (HTTP Basic, any user name) "
+        "[env: PIKKU_DASHBOARD_PASSWORD]; without one the dashboard is read-only.",
+    )
+    dashboard.add_argument(
+        "--host",
+        default=os.environ.get("PIKKU_DASHBOARD_HOST", "127.0.0.1"),
+        help=_env_help("address to listen on (default 127.0.0.1)", "PIKKU_DASHBOARD_HOST"),
+    )
+    dashboard.add_argument(
+        "--port",
+        type=int,
+        default=os.environ.get("PIKKU_DASHBOARD_PORT", "8000"),
+        help=_env_help("port to listen on (default 8000)", "PIKKU_DASHBOARD_PORT"),
+    )
+    dashboard.add_argument(
+        "--flower-url",
+        default=os.environ.get("PIKKU_FLOWER_URL"),
+        help=_env_help("Flower's address, to link every attempt to its task", "PIKKU_FLOWER_URL"),
+    )
+    dashboard.set_defaults(func=cmd_dashboard)
     return parser
 
 

@@ -292,6 +292,12 @@ def worker_process_init(**_: Any) -> None:
         pikku.mirror.store  # noqa: B018 - drops the parent's connections in this child
 
 
+@_isolated
+def worker_ready(**_: Any) -> None:
+    for pikku in registry.values():
+        pikku.workflows.recover()
+
+
 _HANDLERS: Final[list[tuple[Any, Callable[..., None]]]] = [
     (signals.before_task_publish, before_task_publish),
     (signals.task_prerun, task_prerun),
@@ -300,4 +306,5 @@ _HANDLERS: Final[list[tuple[Any, Callable[..., None]]]] = [
     (signals.task_failure, task_failure),
     (signals.task_revoked, task_revoked),
     (signals.worker_process_init, worker_process_init),
+    (signals.worker_ready, worker_ready),
 ]

@@ -168,6 +168,9 @@ class WorkflowContext:
             # Past its time: whichever comes first, this replay or the wake-up message.
             self._store.record_attempt(step.step_id, step.attempt_count, "succeeded")
             return
+        # The wake-up may have been lost with a worker; another one costs nothing
+        # (waking is idempotent), so every replay of a sleeping run sends one.
+        self._dispatcher.wake(self.run_id, step.step_id, step.attempt_count, wake_at)
         self.sleeping = True
         raise Suspend
 

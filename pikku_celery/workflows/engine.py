@@ -141,6 +141,34 @@ class WorkflowEngine:
         """A step of the run ended: replay the run (called from signal handlers)."""
         self.dispatcher.orchestrate(run_id)
 
+    def recover(self, page: int = 500) -> int:
+        """Replay every unsettled run of the workflows defined here; returns how many.
+
+        Called when a worker starts: a run whose next message died with a
+        worker (a wake-up, a replay) goes on instead of waiting for ever.
+        Replays are idempotent, so a run replayed twice loses nothing.
+        """
+        count = 0
+        for name in self.workflows:
+            offset = 0
+            while True:
+                runs = self.store.list_runs(
+                    workflow=name, status=["running", "suspended"], limit=page, offset=offset
+                )
+                for run in runs:
+                    self.dispatcher.orchestrate(run.run_id)
+                count += len(runs)
+                if len(runs) < page:
+                    break
+                offset += page
+        if count:
+            logger.info(
+                "pikku-celery replays %d unsettled workflow runs",
+                count,
+                extra={"action": "workflow_recovery", "runs": count},
+            )
+        return count
+
     def finished_result(self, step_id: str) -> tuple[bool, Any]:
         """(True, result) when the step already succeeded: a duplicate dispatch of it."""
         try:

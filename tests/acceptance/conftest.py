@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -42,7 +43,17 @@ def shop(pg_url: str) -> ModuleType:
     os.environ.update(SHOP_DATABASE_URL=pg_url, SHOP_QUEUE=QUEUE, SHOP_BACKEND_URL=BACKEND_URL)
     if not port_open(6379):
         service_missing("Redis", ConnectionRefusedError("127.0.0.1:6379"))
-    return importlib.import_module("tests.acceptance.shop")
+    import redis
+
+    # Start from empty broker and result databases (RabbitMQ needs nothing: the
+    # queue name is this session's own). Never flushed again: a restarted
+    # worker must find what a killed one left behind.
+    for url in (BROKERS["redis"][0], BACKEND_URL):
+        redis.Redis.from_url(url).flushdb()
+    module = importlib.import_module("tests.acceptance.shop")
+    with module.pikku.store.engine.begin() as conn:  # where steps count their side effects
+        conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS shop_effects (label TEXT, pid INTEGER)")
+    return module
 
 
 @dataclass
@@ -79,6 +90,16 @@ class Worker:
                 assert found == expected
             time.sleep(0.1)
 
+    def kill_all(self) -> None:
+        """SIGKILL the worker and its pool children at once: a lost machine."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """A warm shutdown, as a deploy or restart does it."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
     def journal_lines(self) -> list[str]:
         return self.journal.read_text().splitlines() if self.journal.exists() else []
 
@@ -97,11 +118,7 @@ def start_worker(
     app.conf.broker_url = url
     # Drop pooled connections to the previous broker (Celery does the same after a fork).
     app._after_fork()
-    if broker == "redis":  # RabbitMQ starts clean: the queue name is this session's own
-        import redis
-
-        redis.Redis.from_url(url).flushdb()
-    log = tmp / f"worker-{broker}.log"
+    log = tmp / f"worker-{broker}-{uuid.uuid4().hex[:6]}.log"
     journal = tmp / f"journal-{broker}.txt"
     env = {
         **os.environ,
@@ -135,6 +152,7 @@ def start_worker(
         env=env,
         stdout=log_file,
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, so a test can kill it whole
     )
     deadline = time.monotonic() + 60
     while "ready." not in log.read_text():
@@ -154,6 +172,9 @@ def start_worker(
             proc.kill()
             proc.wait()
         log_file.close()
+
+
+worker_running = contextmanager(start_worker)
 
 
 @pytest.fixture(scope="module", params=list(BROKERS))

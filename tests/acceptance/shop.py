@@ -28,6 +28,13 @@ app.conf.update(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
+    task_routes={"shop.parked": {"queue": "nobody-consumes-this"}},
+    # Unacked messages of a killed worker come back after this long (Redis).
+    broker_transport_options={
+        "visibility_timeout": float(os.environ.get("SHOP_VISIBILITY_TIMEOUT", "3600")),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
 )
 app.conf.task_default_queue = os.environ.get("SHOP_QUEUE", "celery")
 pikku = PikkuCelery(app, database_url=os.environ.get("SHOP_DATABASE_URL"))
@@ -194,3 +201,37 @@ def slow_count(label: str) -> int:
     journal(f"slow_count start {os.getpid()}")
     time.sleep(2)
     return count(label)
+
+
+@pikku.step(name="shop.fragile")
+def fragile(order_id: int) -> str:
+    fixed = os.environ.get("SHOP_FIX_FILE")
+    if not fixed or not Path(fixed).exists():
+        raise RuntimeError(f"bug: order {order_id} trips the fragile step")
+    return f"fixed {order_id}"
+
+
+@pikku.workflow("fragile-flow")
+def fragile_flow(ctx: Any, order_id: int) -> list[Any]:
+    return [ctx.do("prep", count, f"prep-{order_id}"), ctx.do("fragile", fragile, order_id)]
+
+
+@pikku.step(name="shop.parked")
+def parked() -> None:
+    return None
+
+
+@pikku.workflow("parked-flow")
+def parked_flow(ctx: Any) -> None:
+    ctx.do("first", add, 1, 1)
+    ctx.do("park", parked)
+
+
+@pikku.workflow(
+    "versioned",
+    version=os.environ.get("SHOP_WORKFLOW_VERSION", "v1"),
+    compatible=[v for v in os.environ.get("SHOP_COMPATIBLE", "").split(",") if v],
+)
+def versioned(ctx: Any) -> int:
+    ctx.do("wait", slow, 1.0)
+    return int(ctx.do("add", add, 20, 22))

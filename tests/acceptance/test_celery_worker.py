@@ -7,10 +7,9 @@ import signal
 import time
 from types import ModuleType
 
-import pytest
 from celery import chain, chord, group
 
-from tests.acceptance.conftest import Worker, history_of, start_worker
+from tests.acceptance.conftest import Worker, history_of
 
 
 def test_a_lone_task_is_a_run_of_its_own(shop: ModuleType, worker: Worker) -> None:
@@ -167,41 +166,6 @@ def test_sigkill_of_the_pool_child_is_a_redelivery_of_the_same_attempt(
     assert attempt.delivery_count == 2
     assert attempt.pid != child
     assert len([line for line in worker.journal_lines() if line.startswith("slow start")]) == 2
-
-
-def test_many_immediate_retries_on_four_processes_converge(
-    shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    # countdown=0: attempt K+1 often starts in another process before the
-    # retry handler of attempt K has committed. Every history must still be right.
-    for worker in start_worker(shop, "redis", tmp_path_factory.mktemp("four"), concurrency=4):
-        ids = [shop.flaky.delay(n, 3).id for n in range(60)]
-        expected = [
-            ("flaky", 1, "failed"),
-            ("flaky", 2, "failed"),
-            ("flaky", 3, "failed"),
-            ("flaky", 4, "succeeded"),
-        ]
-        for n, task_id in enumerate(ids):
-            run = worker.wait_for_run(task_id)
-            assert (run.status, run.output) == ("completed", n)
-            worker.wait_for_history(task_id, expected)
-            state = worker.store.get_step_state(task_id, "flaky")
-            assert (state.status, state.attempt_count, state.result) == ("succeeded", 4, n)
-
-
-def test_a_mirror_that_cannot_write_never_fails_the_task(
-    shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    dead = {"SHOP_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
-    tmp = tmp_path_factory.mktemp("dead-db")
-    for worker in start_worker(shop, "redis", tmp, extra_env=dead):
-        result = shop.charge.delay({"order": 4}, fail_times=1)
-        assert result.get(timeout=30) == {"charged": True, "order": {"order": 4}}
-        assert shop.add.delay(2, 3).get(timeout=30) == 5
-        log = worker.log.read_text()
-        assert "pikku-celery could not record started" in log
-        assert "succeeded in" in log  # Celery's own line: the task itself went fine
 
 
 def test_a_revoked_task_cancels_its_step_and_run(shop: ModuleType, worker: Worker) -> None:

@@ -1,0 +1,74 @@
+"""``/metrics``: Prometheus text exposition of figures read from the database.
+
+Everything is counted in SQL at scrape time, so the figures survive restarts
+of the dashboard and agree across several of them. They are gauges: deleting
+or pruning runs makes them go down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from pikku_celery.store import WorkflowStore
+from pikku_celery.store.models import RUN_STATUSES
+from pikku_celery.store.stats import AttemptCount, AttemptTotals
+
+__all__ = ["CONTENT_TYPE", "collect_metrics", "escape_label", "format_metrics"]
+
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def escape_label(value: str) -> str:
+    """A label value as the exposition format wants it: \\, " and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else repr(float(value))
+
+
+def _family(name: str, help_text: str) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+
+
+def format_metrics(
+    runs: Mapping[str, int],
+    attempts: Iterable[AttemptCount],
+    totals: AttemptTotals,
+    oldest_running_age: float | None,
+) -> str:
+    lines = _family("pikku_runs", "Workflow runs in the database, by status.")
+    # Every status is listed, zero included, so a series never vanishes.
+    for status in sorted(set(RUN_STATUSES) | set(runs)):
+        lines.append(f'pikku_runs{{status="{escape_label(status)}"}} {runs.get(status, 0)}')
+    lines += _family(
+        "pikku_attempts",
+        "Step attempts in the database, by task (rpc name, else step name) and status.",
+    )
+    for count in attempts:
+        lines.append(
+            f'pikku_attempts{{step="{escape_label(count.step)}",'
+            f'status="{escape_label(count.status)}"}} {count.count}'
+        )
+    lines += _family("pikku_retry_attempts", "Attempts beyond the first of their step.")
+    lines.append(f"pikku_retry_attempts {totals.retries}")
+    lines += _family(
+        "pikku_retry_ratio", "Attempts beyond the first of their step, over all attempts."
+    )
+    lines.append(f"pikku_retry_ratio {_number(totals.retry_ratio)}")
+    lines += _family(
+        "pikku_oldest_running_attempt_age_seconds",
+        "Seconds since the oldest attempt still running started (0 when none is running).",
+    )
+    lines.append(f"pikku_oldest_running_attempt_age_seconds {_number(oldest_running_age or 0.0)}")
+    return "\n".join(lines) + "\n"
+
+
+def collect_metrics(store: WorkflowStore) -> str:
+    return format_metrics(
+        store.run_counts(),
+        store.attempt_counts(),
+        store.attempt_totals(),
+        store.oldest_running_attempt_age(),
+    )

@@ -1,0 +1,96 @@
+"""Known runs to show, a recording stand-in for the app's run actions, and clients."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from starlette.testclient import TestClient
+
+from pikku_celery import WorkflowStore
+from pikku_celery.dashboard import create_app
+
+# The acceptance suite's users' app, for the browser test's real worker.
+from tests.acceptance.conftest import shop as shop
+
+XSS = "<script>alert('pwned')</script>"
+PASSWORD = "s3cret-pass"
+
+
+@dataclass(frozen=True)
+class Seeded:
+    failed: str  # "checkout": step "charge" failed three times, the run failed
+    completed: str  # "checkout": step "reserve" succeeded once
+    running: str  # "report": step "build" is running its first attempt
+    charge_step: str
+
+
+def seed(store: WorkflowStore) -> Seeded:
+    """Three runs whose every count is known; user data carries markup to be escaped."""
+    failed = store.create_run("checkout", {"order": 1, "note": XSS})
+    charge = str(uuid.uuid4())
+    store.schedule_step(failed, charge, "charge", "shop.charge", {"args": [1]}, task_id=charge)
+    for attempt in (1, 2, 3):
+        store.record_attempt(charge, attempt, "running", task_id=charge, worker="w1@host", pid=41)
+        store.record_attempt(
+            charge,
+            attempt,
+            "failed",
+            error={
+                "type": "ConnectionError",
+                "message": f"gateway timeout {XSS}",
+                "traceback": f"Traceback (most recent call last):\n  {XSS}\nConnectionError",
+            },
+        )
+        if attempt < 3:
+            store.record_attempt(charge, attempt + 1, "scheduled", task_id=charge, reason="retry")
+    store.settle_run(failed, "failed", {"type": "ConnectionError", "message": XSS})
+
+    completed = store.create_run("checkout", {"order": 2})
+    reserve = str(uuid.uuid4())
+    store.schedule_step(completed, reserve, "reserve", "shop.reserve", {}, task_id=reserve)
+    store.record_attempt(reserve, 1, "running", task_id=reserve, worker="w1@host", pid=42)
+    store.record_attempt(reserve, 1, "succeeded", result={"reserved": True})
+    store.complete_run_if_done(completed)
+
+    running = store.create_run("report", {})
+    build = str(uuid.uuid4())
+    store.schedule_step(running, build, "build", None, {}, task_id=build)
+    store.record_attempt(build, 1, "running", task_id=build, worker="w2@host", pid=43)
+    return Seeded(failed=failed, completed=completed, running=running, charge_step=charge)
+
+
+@dataclass
+class RecordingActions:
+    """Stands in for the application's RunActions: records each call."""
+
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def resume(self, run_id: str) -> None:
+        self.calls.append(("resume", run_id))
+
+    def rerun(self, run_id: str, from_step: str) -> None:
+        self.calls.append(("rerun", run_id, from_step))
+
+    def cancel(self, run_id: str) -> None:
+        self.calls.append(("cancel", run_id))
+
+
+@pytest.fixture
+def seeded(store: WorkflowStore) -> Seeded:
+    return seed(store)
+
+
+@pytest.fixture
+def client(store: WorkflowStore) -> Iterator[TestClient]:
+    with TestClient(create_app(store, flower_url="http://flower.example:5555/")) as test_client:
+        yield test_client
+
+
+def csrf_token(html: str) -> str:
+    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert match, "the page has no action form"
+    return match.group(1)
