@@ -151,7 +151,7 @@ class AttemptWrites(StoreBase):
         elif status in ("failed", "cancelled"):
             params["error"] = None if error is None else self._error_json(error)
         try:
-            with self._tx(conn) as c:
+            with self._single(conn) as c:
                 if not self._pg:
                     c.execute(aq.record_attempt_step(status), params)
                 c.execute(aq.record_attempt(self.dialect, status), params)
@@ -187,5 +187,5 @@ class AttemptWrites(StoreBase):
             "error": None if error is None else self._error_json(error),
             "now": now(),
         }
-        with self._tx(conn) as c:
+        with self._single(conn) as c:
             return bool(c.execute(aq.settle_run, params).rowcount)

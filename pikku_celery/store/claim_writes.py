@@ -135,5 +135,5 @@ class ClaimWrites(AttemptWrites):
             "error": None if error is None else self._error_json(error),
             "now": now(),
         }
-        with self._tx(conn) as c:
+        with self._single(conn) as c:
             return bool(c.execute(cq.move_run, params).rowcount)

@@ -87,7 +87,7 @@ class WorkflowStore(ClaimWrites, StoreStats, StoreBase):
             "created_at": now,
             "updated_at": now,
         }
-        with self._tx(conn) as c:
+        with self._single(conn) as c:
             c.execute(q.insert_run, row)
         return str(row["workflow_run_id"])
 
@@ -121,7 +121,7 @@ class WorkflowStore(ClaimWrites, StoreStats, StoreBase):
             else self._error_json(error),
             "now": _now(),
         }
-        with self._tx(conn) as c:
+        with self._single(conn) as c:
             if c.execute(q.update_run_status, params).rowcount == 0:
                 raise RunNotFound(run_id)
 
@@ -154,7 +154,7 @@ class WorkflowStore(ClaimWrites, StoreStats, StoreBase):
 
     def delete_run(self, run_id: str, *, conn: sa.Connection | None = None) -> bool:
         """Delete a run with its steps and attempts; False when there was none."""
-        with self._tx(conn) as c:
+        with self._single(conn) as c:
             return bool(c.execute(q.delete_run, {"run_id": run_id}).rowcount)
 
     @staticmethod
@@ -180,7 +180,7 @@ class WorkflowStore(ClaimWrites, StoreStats, StoreBase):
             "now": _now(),
         }
         statement = q.update_run_state_pg if self._pg else q.update_run_state_sqlite
-        with self._tx(conn) as c:
+        with self._single(conn) as c:
             if c.execute(statement, params).rowcount == 0:
                 raise RunNotFound(run_id)
 
@@ -330,7 +330,7 @@ class WorkflowStore(ClaimWrites, StoreStats, StoreBase):
             "history_id": _new_id(),
             **outcome,
         }
-        with self._tx(conn) as c:
+        with self._single(conn) as c:
             if self._pg:
                 applied = c.execute(q.transition_pg(status), params).first() is not None
             else:
@@ -338,7 +338,10 @@ class WorkflowStore(ClaimWrites, StoreStats, StoreBase):
                 applied = attempt is not None
                 if applied:
                     params["attempt_no"] = attempt
-                    if c.execute(q.transition_sqlite_attempt(status), params).rowcount == 0:
+                    # Only the parameters it names: an extra one that matches a column
+                    # (history_id) would become a SET clause of the UPDATE.
+                    update = {k: v for k, v in params.items() if k != "history_id"}
+                    if c.execute(q.transition_sqlite_attempt(status), update).rowcount == 0:
                         c.execute(q.transition_sqlite_repair(status), params)
             # Cold path only: nothing changed, so tell a no-op from a missing step.
             if not applied and c.execute(q.step_exists, {"step_id": step_id}).first() is None:
@@ -361,7 +364,7 @@ class WorkflowStore(ClaimWrites, StoreStats, StoreBase):
             raise InvalidStatus("new attempt", status, _NEW_ATTEMPT_STATUSES)
         now = _now()
         params = {"step_id": step_id, "now": now, "history_id": _new_id(), "reason": reason}
-        with self._tx(conn) as c:
+        with self._single(conn) as c:
             if self._pg:
                 row = c.execute(q.retry_attempt_pg(status), params).mappings().first()
             else:
@@ -416,7 +419,7 @@ class WorkflowStore(ClaimWrites, StoreStats, StoreBase):
             "status": status,
             "created_at": _now(),
         }
-        with self._tx(conn) as c:
+        with self._single(conn) as c:
             return c.execute(q.upsert_workflow_version(self.dialect), row).first() is not None
 
     def get_workflow_version(
@@ -444,6 +447,6 @@ class WorkflowStore(ClaimWrites, StoreStats, StoreBase):
         if status not in _VERSION_STATUSES:
             raise InvalidStatus("workflow version", status, _VERSION_STATUSES)
         params = {"name": workflow_name, "hash": graph_hash, "new_status": status}
-        with self._tx(conn) as c:
+        with self._single(conn) as c:
             if c.execute(q.update_workflow_version_status, params).rowcount == 0:
                 raise VersionNotFound(workflow_name, graph_hash)

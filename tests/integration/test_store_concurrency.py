@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
+from tests.support.threads import run_threads
 
 
 @pytest.fixture
@@ -16,25 +15,6 @@ def pg_store(pg_engine: sa.Engine) -> WorkflowStore:
 
     truncate(pg_engine)
     return WorkflowStore(pg_engine)
-
-
-def run_threads(count: int, target: object) -> None:
-    barrier = threading.Barrier(count)
-    errors: list[BaseException] = []
-
-    def worker(index: int) -> None:
-        try:
-            barrier.wait()
-            target(index)  # type: ignore[operator]
-        except BaseException as exc:  # collected and re-raised in the test thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
 
 
 def test_concurrent_writes_of_different_keys_lose_nothing(pg_store: WorkflowStore) -> None:

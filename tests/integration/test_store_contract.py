@@ -20,6 +20,7 @@ from pikku_celery import (
 )
 from pikku_celery.errors import InvalidStatus, VersionNotFound
 from pikku_celery.schema import workflow_runs, workflow_step, workflow_step_history
+from tests.conftest import truncate
 from tests.support.statements import count_statements
 
 
@@ -127,6 +128,37 @@ def test_transition_writes_two_rows_and_reads_none(
         assert len(log) == 1, log.statements  # one round trip
         assert "workflow_step_history" in log.statements[0]
         assert "UPDATE workflow_step" in log.statements[0]
+
+
+def test_transition_is_one_round_trip_on_postgres(pg_engine: sa.Engine) -> None:
+    # SQLite has no round trips; its two statements share one transaction.
+    truncate(pg_engine)
+    store = WorkflowStore(pg_engine)
+    _, step_id = new_step(store)
+    autocommit: list[bool] = []
+
+    def record(conn: Any, *_: Any) -> None:
+        autocommit.append(bool(conn.connection.dbapi_connection.autocommit))
+
+    sa.event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        store.set_step_running(step_id)
+        store.get_step_state(store.get_step(step_id).run_id, "charge")
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", record)
+    # One statement in autocommit: no BEGIN and COMMIT round trips around it.
+    assert autocommit == [True, True, True]
+
+
+def test_attempt_row_keeps_its_id_across_transitions(store: WorkflowStore) -> None:
+    _, step_id = new_step(store)
+    [before] = attempt_rows(store, step_id)
+    store.set_step_scheduled(step_id)
+    store.set_step_running(step_id)
+    store.set_step_result(step_id, 1)
+    [after] = attempt_rows(store, step_id)
+    assert after["history_id"] == before["history_id"]
+    assert after["status"] == "succeeded"
 
 
 def test_transition_finds_attempt_through_current_attempt(store: WorkflowStore) -> None:
