@@ -54,6 +54,25 @@ class JsonCodec:
             )
         return text
 
+    def check_key(self, key: str, what: str) -> None:
+        """A JSON object key must be text the database can hold as it is."""
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SerializationError(
+                f"The {what} {_short(key)!r} is not valid unicode (a lone surrogate); "
+                "use a key made of real characters."
+            ) from exc
+        if not self._allow_nul and "\x00" in key:
+            raise SerializationError(
+                f"The {what} {_short(key)!r} holds a NUL character (U+0000), which "
+                "PostgreSQL cannot store; remove it from the key."
+            )
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
 
 def error_document(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]:
     """The stored shape of an error: ``{type, message, traceback}``."""

@@ -173,10 +173,11 @@ class WorkflowStore(ClaimWrites, StoreStats, StoreBase):
         """
         if not isinstance(key, str):
             raise TypeError(f"A state key must be a str, not {type(key).__name__}.")
+        self.codec.check_key(key, "state key")
         params = {
             "run_id": run_id,
             "key": key,
-            "value": self._json(value, f"value of state key {key!r}"),
+            "value": self._json(value, f"value of state key {key[:60]!r}"),
             "now": _now(),
         }
         statement = q.update_run_state_pg if self._pg else q.update_run_state_sqlite
