@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Final
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final, NoReturn
 
-from pikku_celery.errors import PikkuCeleryError
+from pikku_celery.app_loader import ENV_APP, load_pikku
+from pikku_celery.cli_options import env_flag, int_between, listed, parse_age
+from pikku_celery.errors import ConfigurationError, PikkuCeleryError, RunNotFound
+from pikku_celery.integration.app import PikkuCelery
+from pikku_celery.payloads import run_document, run_json
+from pikku_celery.progress import Progress
+from pikku_celery.report import format_run, format_runs
 from pikku_celery.store import WorkflowStore
+from pikku_celery.store.base import now
 from pikku_celery.store.engine import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, safe_url
+from pikku_celery.store.prune import DEFAULT_PRUNE_STATUSES, PruneCount
 
 EXIT_OK: Final = 0
 EXIT_ERROR: Final = 1
@@ -88,10 +98,17 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     password = os.environ.get("PIKKU_DASHBOARD_PASSWORD") or None
-    store = _store(args)
+    # With the user's app, resume, rerun and cancel can publish; they act on its database.
+    pikku = load_pikku(args.app) if args.app else None
+    store = pikku.store if pikku is not None else _store(args)
     try:
-        app = create_app(store, flower_url=args.flower_url, auth_token=password)
-        mode = "sign in to delete runs" if password else "read-only"
+        app = create_app(store, actions=pikku, flower_url=args.flower_url, auth_token=password)
+        if not password:
+            mode = "read-only"
+        elif pikku is not None:
+            mode = "sign in to resume, rerun, cancel and delete runs"
+        else:
+            mode = "sign in to delete runs; pass --app for resume, rerun and cancel"
         print(f"pikku-celery dashboard on http://{args.host}:{args.port}/ ({mode})", flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
@@ -99,12 +116,318 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_healthcheck(args: argparse.Namespace) -> int:
+    store = _store(args)
+    try:
+        current = store.schema_revision()  # a real query: StoreUnavailable when unreachable
+        head = store.latest_schema_revision()
+    finally:
+        store.close()
+    where = safe_url(store.engine.url)
+    if current != head:
+        print(
+            f"unhealthy: {where} is reachable but its schema is at {current or 'none'} and "
+            f"this pikku-celery needs {head}; run `pikku-celery db upgrade`.",
+            file=sys.stderr,
+        )
+        return EXIT_SCHEMA_BEHIND
+    print(f"ok: {where} is reachable and its schema is current ({head}).")
+    return EXIT_OK
+
+
+def _print_json(document: Any) -> None:
+    print(json.dumps(document, ensure_ascii=False, indent=2))
+
+
+def cmd_runs_list(args: argparse.Namespace) -> int:
+    statuses = listed(args.status, ENV_RUNS_STATUS)
+    store = _store(args)
+    try:
+        runs = store.list_runs(workflow=args.workflow, status=statuses, limit=args.limit)
+        total = store.count_runs(workflow=args.workflow, status=statuses)
+    finally:
+        store.close()
+    if args.json:
+        _print_json(
+            {
+                "runs": [run_json(run) for run in runs],
+                "total": total,
+                "limit": args.limit,
+                "status": statuses or [],
+                "workflow": args.workflow,
+            }
+        )
+    elif not runs:
+        print("No runs match." if statuses or args.workflow else "No runs yet.")
+    else:
+        print(format_runs(runs))
+        if total > len(runs):
+            print(f"\n{len(runs)} of {total} runs, newest first; raise --limit to see more.")
+    return EXIT_OK
+
+
+def cmd_runs_show(args: argparse.Namespace) -> int:
+    store = _store(args)
+    try:
+        run = store.get_run(args.run_id)
+        steps = store.list_step_states(args.run_id)
+        history = store.get_run_history(args.run_id)
+    finally:
+        store.close()
+    if args.json:
+        _print_json(run_document(run, steps, history))
+    else:
+        print(format_run(run, steps, history))
+    return EXIT_OK
+
+
+def cmd_runs_delete(args: argparse.Namespace) -> int:
+    store = _store(args)
+    try:
+        if not store.delete_run(args.run_id):
+            raise RunNotFound(args.run_id)
+    finally:
+        store.close()
+    print(f"Deleted run {args.run_id} with its steps and attempts.")
+    return EXIT_OK
+
+
+@contextmanager
+def _user_app(args: argparse.Namespace, command: str) -> Iterator[PikkuCelery]:
+    """The user's PikkuCelery (resume, rerun and cancel publish with its Celery app)."""
+    if not args.app:
+        raise ConfigurationError(
+            f"`pikku-celery runs {command}` publishes Celery messages, so it needs your app: "
+            f"pass --app module:attribute (like proj.tasks:pikku) or set {ENV_APP}."
+        )
+    pikku = load_pikku(args.app)
+    try:
+        yield pikku
+    finally:
+        pikku.store.close()
+        pikku.app.close()  # the broker connections it opened to publish
+
+
+def cmd_runs_resume(args: argparse.Namespace) -> int:
+    with _user_app(args, "resume") as pikku:
+        run = pikku.store.get_run(args.run_id)
+        if run.status == "completed":
+            print(f"Run {run.run_id} is completed; nothing to resume.")
+            return EXIT_OK
+        again = pikku.resume(run.run_id)
+    if again:
+        print(f"Resumed run {run.run_id}: new attempts for {', '.join(again)}.")
+    else:
+        print(f"Resumed run {run.run_id}: no step had failed, so it is replayed as it is.")
+    return EXIT_OK
+
+
+def cmd_runs_rerun(args: argparse.Namespace) -> int:
+    with _user_app(args, "rerun") as pikku:
+        run = pikku.store.get_run(args.run_id)
+        names = [step.step_name for step in pikku.store.list_step_states(run.run_id)]
+        if args.from_step not in names:
+            raise ConfigurationError(
+                f"Run {run.run_id} has no step {args.from_step!r}; its steps are "
+                f"{', '.join(names) or 'none yet'}."
+            )
+        again = pikku.rerun(run.run_id, args.from_step)
+    print(f"Rerunning run {run.run_id} from {args.from_step}: new attempts for {', '.join(again)}.")
+    return EXIT_OK
+
+
+def cmd_runs_cancel(args: argparse.Namespace) -> int:
+    with _user_app(args, "cancel") as pikku:
+        run = pikku.store.get_run(args.run_id)
+        if run.status not in ("running", "suspended"):
+            print(f"Run {run.run_id} is {run.status} already; nothing to cancel.")
+            return EXIT_OK
+        stopped = pikku.cancel(run.run_id)
+    revoked = f"; revoked {', '.join(stopped)}" if stopped else ""
+    print(f"Cancelled run {run.run_id}{revoked}.")
+    return EXIT_OK
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    statuses = listed(args.status, ENV_PRUNE_STATUS) or list(DEFAULT_PRUNE_STATUSES)
+    try:
+        before = now() - args.older_than
+    except OverflowError:
+        raise ConfigurationError(
+            "--older-than reaches before year 1; give a smaller age."
+        ) from None
+    scope = f"{'/'.join(sorted(set(statuses)))} runs created before {before:%Y-%m-%d %H:%M:%S} UTC"
+    store = _store(args)
+    try:
+        if args.dry_run:
+            found = store.count_prunable(before, statuses)
+            print(f"Would prune {_tally(found)}: {scope}. Nothing was deleted (--dry-run).")
+            return EXIT_OK
+        batches = 0
+        with Progress(store.count_prunable_runs(before, statuses), "runs") as bar:
+
+            def committed(total: PruneCount) -> None:
+                nonlocal batches
+                batches += 1
+                bar.update(total.runs)
+
+            pruned = store.prune(before, statuses, batch_size=args.batch_size, on_batch=committed)
+    finally:
+        store.close()
+    print(
+        f"Pruned {_tally(pruned)}: {scope}, in {batches} "
+        f"{'batch' if batches == 1 else 'batches'} of at most {args.batch_size} runs."
+    )
+    return EXIT_OK
+
+
+def _tally(count: PruneCount) -> str:
+    return f"{count.runs} runs ({count.steps} steps, {count.attempts} attempts)"
+
+
+# --- options ----------------------------------------------------------------
+
+ENV_JSON: Final = "PIKKU_JSON"
+ENV_RUNS_STATUS: Final = "PIKKU_RUNS_STATUS"
+ENV_PRUNE_STATUS: Final = "PIKKU_PRUNE_STATUS"
+
+
+def _add_app_option(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    parser.add_argument(
+        "--app",
+        metavar="MODULE[:ATTR]",
+        default=default,
+        help=_env_help(
+            "your Celery app's module and its PikkuCelery instance, like proj.tasks:pikku "
+            "(default: the first PikkuCelery in the module); needed to publish",
+            ENV_APP,
+        ),
+    )
+
+
+def _add_runs_commands(commands: Any) -> None:
+    runs = commands.add_parser("runs", help="list, show, delete, resume, rerun or cancel runs")
+    actions = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+
+    listing = actions.add_parser("list", help="the newest runs")
+    listing.add_argument(
+        "--status",
+        action="append",
+        metavar="STATUS",
+        help=_env_help("only runs in this status (repeat, or comma-separate)", ENV_RUNS_STATUS),
+    )
+    listing.add_argument(
+        "--workflow",
+        default=os.environ.get("PIKKU_RUNS_WORKFLOW") or None,
+        help=_env_help("only runs of this workflow", "PIKKU_RUNS_WORKFLOW"),
+    )
+    listing.add_argument(
+        "--limit",
+        type=int_between(1, 1000),
+        default=os.environ.get("PIKKU_RUNS_LIMIT", "20"),
+        help=_env_help("how many runs, 1 to 1000 (default 20)", "PIKKU_RUNS_LIMIT"),
+    )
+    _add_json_option(listing)
+    listing.set_defaults(func=cmd_runs_list)
+
+    show = actions.add_parser("show", help="one run: its steps and every attempt")
+    show.add_argument("run_id", metavar="RUN_ID")
+    _add_json_option(show)
+    show.set_defaults(func=cmd_runs_show)
+
+    delete = actions.add_parser("delete", help="delete a run with its steps and attempts")
+    delete.add_argument("run_id", metavar="RUN_ID")
+    delete.set_defaults(func=cmd_runs_delete)
+
+    resume = actions.add_parser("resume", help="new attempts for a run's failed steps (--app)")
+    resume.add_argument("run_id", metavar="RUN_ID")
+    _add_app_option(resume, default=argparse.SUPPRESS)
+    resume.set_defaults(func=cmd_runs_resume)
+
+    rerun = actions.add_parser("rerun", help="new attempts from one step of a run on (--app)")
+    rerun.add_argument("run_id", metavar="RUN_ID")
+    from_step = os.environ.get("PIKKU_RERUN_FROM_STEP") or None
+    rerun.add_argument(
+        "--from-step",
+        metavar="NAME",
+        default=from_step,
+        required=from_step is None,
+        help=_env_help("the first step to run again", "PIKKU_RERUN_FROM_STEP"),
+    )
+    _add_app_option(rerun, default=argparse.SUPPRESS)
+    rerun.set_defaults(func=cmd_runs_rerun)
+
+    cancel = actions.add_parser("cancel", help="cancel a run and revoke its open steps (--app)")
+    cancel.add_argument("run_id", metavar="RUN_ID")
+    _add_app_option(cancel, default=argparse.SUPPRESS)
+    cancel.set_defaults(func=cmd_runs_cancel)
+
+
+def _add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=env_flag(ENV_JSON),
+        help=_env_help("print JSON (the dashboard API's documents)", ENV_JSON),
+    )
+
+
+def _add_prune_command(commands: Any) -> None:
+    prune = commands.add_parser(
+        "prune",
+        help="delete old settled runs in batches",
+        description="Delete runs that ended (completed, failed, cancelled) longer ago than "
+        "--older-than, with their steps and attempts, one transaction per batch.",
+    )
+    older_than = os.environ.get("PIKKU_PRUNE_OLDER_THAN") or None
+    prune.add_argument(
+        "--older-than",
+        metavar="AGE",
+        type=parse_age,
+        default=older_than,
+        required=older_than is None,
+        help=_env_help(
+            "runs created longer ago than this: 30d, 12h, 90m, 45s", "PIKKU_PRUNE_OLDER_THAN"
+        ),
+    )
+    prune.add_argument(
+        "--status",
+        action="append",
+        metavar="STATUS",
+        help=_env_help(
+            "only runs in this status (repeat, or comma-separate; default "
+            f"{', '.join(DEFAULT_PRUNE_STATUSES)})",
+            ENV_PRUNE_STATUS,
+        ),
+    )
+    prune.add_argument(
+        "--batch-size",
+        type=int_between(1, 100_000),
+        default=os.environ.get("PIKKU_PRUNE_BATCH_SIZE", "500"),
+        help=_env_help("runs per transaction (default 500)", "PIKKU_PRUNE_BATCH_SIZE"),
+    )
+    prune.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=env_flag("PIKKU_PRUNE_DRY_RUN"),
+        help=_env_help("count what would go, delete nothing", "PIKKU_PRUNE_DRY_RUN"),
+    )
+    prune.set_defaults(func=cmd_prune)
+
+
 def _env_help(text: str, env: str) -> str:
     return f"{text} [env: {env}]"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line, like every other error of the command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pikku-celery",
         description="A workflow backend for Celery: runs, steps and attempts in SQL.",
     )
@@ -116,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show tracebacks and debug logs"
     )
+    _add_app_option(parser, default=os.environ.get(ENV_APP) or None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     db = commands.add_parser("db", help="manage the database schema")
@@ -168,7 +492,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("PIKKU_FLOWER_URL"),
         help=_env_help("Flower's address, to link every attempt to its task", "PIKKU_FLOWER_URL"),
     )
+    _add_app_option(dashboard, default=argparse.SUPPRESS)
     dashboard.set_defaults(func=cmd_dashboard)
+
+    commands.add_parser(
+        "healthcheck",
+        help=f"exit 0 when the database is reachable and current ({EXIT_ERROR}: unreachable, "
+        f"{EXIT_SCHEMA_BEHIND}: schema behind)",
+    ).set_defaults(func=cmd_healthcheck)
+    _add_runs_commands(commands)
+    _add_prune_command(commands)
     return parser
 
 
@@ -198,6 +531,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a dependency's error (a broker that is down): still one line
+        if args.verbose:
+            logger.exception("pikku-celery failed")
+        print(
+            f"error: {type(exc).__name__}: {_describe(exc)} (-v shows the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover

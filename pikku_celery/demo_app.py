@@ -25,6 +25,8 @@ if _broker.startswith("filesystem://"):
     app.conf.broker_transport_options = {
         "data_folder_in": str(messages),
         "data_folder_out": str(messages),
+        # kombu's default is ./control: the demo would leave it in the user's folder.
+        "control_folder": str(_folder / "control"),
         "store_processed": False,
         "polling_interval": 0.1,
     }

@@ -19,6 +19,7 @@
         ├── StepFailed              a step failed for good (raised at its ctx.do)
         ├── StepMismatch            a replay asked a recorded step for another task
         ├── VersionConflict         a run started by one version replayed by another
+        ├── NotAWorkflowRun         resume/rerun of a run that is not a durable workflow
         ├── RunFailed               pikku.wait(): the run failed
         ├── RunCancelled            pikku.wait(): the run was cancelled
         └── WaitTimeout             pikku.wait(): the run did not settle in time
@@ -79,7 +80,12 @@ class StepNotFound(NotFoundError):
     """No such workflow step; check the run id and step name."""
 
     def __init__(
-        self, *, step_id: str | None = None, run_id: str | None = None, step_name: str | None = None
+        self,
+        *,
+        step_id: str | None = None,
+        run_id: str | None = None,
+        step_name: str | None = None,
+        hint: str = "create it with insert_step_state() first",
     ) -> None:
         self.step_id = step_id
         self.run_id = run_id
@@ -88,9 +94,7 @@ class StepNotFound(NotFoundError):
             where = f"step id {step_id!r}"
         else:
             where = f"step {step_name!r} of run {run_id!r}"
-        super().__init__(
-            f"Workflow {where} does not exist; create it with insert_step_state() first."
-        )
+        super().__init__(f"Workflow {where} does not exist; {hint}.")
 
 
 class VersionNotFound(NotFoundError):
@@ -179,6 +183,18 @@ class VersionConflict(WorkflowError):
             f"{started!r} but this worker runs version {current!r}; deploy the old version "
             f"to finish it, or declare it compatible: "
             f"@pikku.workflow({workflow!r}, compatible=[{started!r}])."
+        )
+
+
+class NotAWorkflowRun(WorkflowError):
+    """Only runs of durable workflows can be resumed or rerun."""
+
+    def __init__(self, run_id: str, kind: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"Run {run_id!r} is a {kind} run, not a durable workflow, so pikku-celery cannot "
+            "replay it; publish the task or canvas again, or write it as a @pikku.workflow "
+            "to make it resumable."
         )
 
 

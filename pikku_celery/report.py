@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from pikku_celery.store import StepAttempt, WorkflowRun
+from pikku_celery.store import StepAttempt, StepState, WorkflowRun
 
-__all__ = ["format_history", "format_runs", "table"]
+__all__ = ["format_history", "format_run", "format_runs", "table"]
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -67,3 +69,109 @@ def format_history(attempts: Iterable[StepAttempt]) -> str:
             for a in attempts
         ],
     )
+
+
+def _json(value: Any) -> str:
+    return "" if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _error(error: Mapping[str, Any] | None) -> str:
+    if not error:
+        return ""
+    kind, message = error.get("type"), error.get("message")
+    return f"{kind}: {message}" if kind else str(message)
+
+
+def _when(value: dt.datetime | None, day: dt.date) -> str:
+    """Time of day on the run's first day; the date too once a run spans days (a long sleep)."""
+    if value is None:
+        return ""
+    if value.date() == day:
+        return _time(value)
+    return value.strftime("%m-%d ") + _time(value)
+
+
+def format_run(
+    run: WorkflowRun, steps: Sequence[StepState], attempts: Sequence[StepAttempt]
+) -> str:
+    """One run for ``pikku-celery runs show``: the run, its steps, every attempt, every error."""
+    day = run.created_at.date()
+    header = table(
+        ["run", run.run_id],
+        [
+            ["workflow", run.workflow],
+            ["status", run.status],
+            ["created", run.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")],
+            ["updated", run.updated_at.strftime("%Y-%m-%d %H:%M:%S UTC")],
+            ["input", _short(_json(run.input), 100)],
+            ["output", _short(_json(run.output), 100)],
+            ["error", _short(_error(run.error), 100)],
+        ],
+    )
+    parts = [header]
+    if steps:
+        parts.append(
+            "steps\n"
+            + table(
+                ["step", "task", "status", "attempts", "after"],
+                [
+                    [
+                        s.step_name,
+                        s.rpc_name or "",
+                        s.status,
+                        str(s.attempt_count),
+                        s.from_step_name or "",
+                    ]
+                    for s in steps
+                ],
+            )
+        )
+    if attempts:
+        parts.append(
+            f"attempts (times UTC, {day.isoformat()})\n"
+            + table(
+                [
+                    "step",
+                    "#",
+                    "status",
+                    "reason",
+                    "scheduled",
+                    "eta",
+                    "running",
+                    "ended",
+                    "took",
+                    "worker",
+                    "pid",
+                    "deliveries",
+                    "error",
+                ],
+                [
+                    [
+                        a.step_name,
+                        str(a.attempt),
+                        a.status,
+                        a.reason or "",
+                        _when(a.scheduled_at, day),
+                        _when(a.eta, day),
+                        _when(a.running_at, day),
+                        _when(a.ended_at, day),
+                        _seconds(a.duration),
+                        a.worker or "",
+                        "" if a.pid is None else str(a.pid),
+                        str(a.delivery_count),
+                        _short(_error(a.error), 40),
+                    ]
+                    for a in attempts
+                ],
+            )
+        )
+    errors = [a for a in attempts if a.error]
+    if errors:
+        # The table cuts messages short; here each is whole (tracebacks: --json).
+        parts.append(
+            "errors\n"
+            + "\n".join(
+                f"{a.step_name} #{a.attempt}: {' '.join(_error(a.error).split())}" for a in errors
+            )
+        )
+    return "\n\n".join(parts)

@@ -32,6 +32,7 @@ from pikku_celery.store.models import (
     WorkflowRun,
     WorkflowVersion,
 )
+from pikku_celery.store.prune import StorePrune
 from pikku_celery.store.stats import StoreStats
 
 __all__ = ["UNSET", "WorkflowStore"]
@@ -42,7 +43,7 @@ _VERSION_STATUSES: Final = frozenset({"draft", "active", "declined"})
 _MAX_PAGE: Final = 1000
 
 
-class WorkflowStore(ClaimWrites, StoreStats, StoreBase):
+class WorkflowStore(ClaimWrites, StoreStats, StorePrune, StoreBase):
     """Reads and writes workflow runs, steps and attempts in one SQL database.
 
     ``WorkflowStore("postgresql://...")``, ``WorkflowStore("sqlite:///pikku.db")``

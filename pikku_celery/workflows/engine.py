@@ -16,13 +16,14 @@ from celery import Celery
 
 from pikku_celery.errors import (
     ConfigurationError,
+    NotAWorkflowRun,
     RunCancelled,
     RunFailed,
     StepNotFound,
     WaitTimeout,
 )
 from pikku_celery.integration import headers as h
-from pikku_celery.store import WorkflowStore
+from pikku_celery.store import WorkflowRun, WorkflowStore
 from pikku_celery.workflows.context import SLEEP
 from pikku_celery.workflows.definition import Workflow, code_version
 from pikku_celery.workflows.replay import Outcome, replay
@@ -37,6 +38,10 @@ logger = logging.getLogger(__name__)
 ORCHESTRATE_TASK: Final = "pikku_celery.orchestrate"
 WAKE_TASK: Final = "pikku_celery.wake"
 _UNFINISHED: Final = ("pending", "scheduled", "running")
+
+
+def _is_workflow_run(run: WorkflowRun) -> bool:
+    return isinstance(run.wire, dict) and run.wire.get("type") == "workflow"
 
 
 class CeleryDispatcher:
@@ -124,6 +129,8 @@ class WorkflowEngine:
 
     def _orchestrate(self, run_id: str) -> str:
         run = self.store.get_run(run_id)
+        if not _is_workflow_run(run):
+            return "settled"  # a canvas or lone task: nothing here replays it
         workflow = self.workflows.get(run.workflow)
         if workflow is None:
             raise ConfigurationError(
@@ -196,10 +203,16 @@ class WorkflowEngine:
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, 1.0)
 
+    def _workflow_run(self, run_id: str) -> WorkflowRun:
+        run = self.store.get_run(run_id)
+        if not _is_workflow_run(run):
+            raise NotAWorkflowRun(run_id, str((run.wire or {}).get("type", "task")))
+        return run
+
     def resume(self, run_id: str) -> list[str]:
         """New attempts for the run's failed steps; the rest is kept. Returns their names."""
         store = self.store
-        run = store.get_run(run_id)
+        run = self._workflow_run(run_id)
         if run.status == "completed":
             return []
         again = [s for s in store.list_step_states(run_id) if s.status in ("failed", "cancelled")]
@@ -218,10 +231,15 @@ class WorkflowEngine:
     def rerun(self, run_id: str, from_step: str) -> list[str]:
         """New attempts for ``from_step`` and every step after it. Returns their names."""
         store = self.store
+        self._workflow_run(run_id)
         steps = store.list_step_states(run_id)
         names = [step.step_name for step in steps]
         if from_step not in names:
-            raise StepNotFound(run_id=run_id, step_name=from_step)
+            raise StepNotFound(
+                run_id=run_id,
+                step_name=from_step,
+                hint=f"the run's steps are {', '.join(names) or 'none yet'}",
+            )
         again = steps[names.index(from_step) :]
         with store.transaction() as conn:
             for step in again:
@@ -238,6 +256,7 @@ class WorkflowEngine:
     def cancel(self, run_id: str) -> list[str]:
         """Cancel the run and revoke its unfinished steps. Returns their names."""
         store = self.store
+        store.get_run(run_id)  # an unknown run is an error, not nothing to cancel
         error = {"type": "Cancelled", "message": "The run was cancelled.", "traceback": None}
         open_steps = [s for s in store.list_step_states(run_id) if s.status in _UNFINISHED]
         with store.transaction() as conn:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -23,26 +24,48 @@ from pikku_celery.store.models import SETTLED_RUN_STATUSES
 from tests.conftest import service_missing
 
 ROOT = Path(__file__).resolve().parents[2]
+# The servers, elsewhere than this machine's defaults (the compose stack's `tests` service).
+REDIS_URL = os.environ.get("PIKKU_TEST_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
+AMQP_URL = os.environ.get("PIKKU_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def redis_db(number: int) -> str:
+    """A Redis database of the suite's own: each user of Redis takes another number."""
+    return f"{REDIS_URL}/{number}"
+
+
+def address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    default = {"redis": 6379, "amqp": 5672}.get(parts.scheme, 0)
+    return parts.hostname or "127.0.0.1", parts.port or default
+
+
 BROKERS = {
-    "redis": ("redis://127.0.0.1:6379/15", 6379),
-    "rabbitmq": ("amqp://guest:guest@127.0.0.1:5672//", 5672),
+    "redis": (redis_db(15), address(REDIS_URL)[1]),
+    "rabbitmq": (AMQP_URL, address(AMQP_URL)[1]),
 }
-BACKEND_URL = "redis://127.0.0.1:6379/14"
+BACKEND_URL = redis_db(14)
 QUEUE = f"shop-{uuid.uuid4().hex[:8]}"
 
 
-def port_open(port: int) -> bool:
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(1)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((host, port)) == 0
 
 
 @pytest.fixture(scope="session")
 def shop(pg_url: str) -> ModuleType:
     """The users' app module, imported once with the session's PostgreSQL mirror."""
-    os.environ.update(SHOP_DATABASE_URL=pg_url, SHOP_QUEUE=QUEUE, SHOP_BACKEND_URL=BACKEND_URL)
-    if not port_open(6379):
-        service_missing("Redis", ConnectionRefusedError("127.0.0.1:6379"))
+    os.environ.update(
+        SHOP_DATABASE_URL=pg_url,
+        SHOP_QUEUE=QUEUE,
+        SHOP_BACKEND_URL=BACKEND_URL,
+        SHOP_BROKER_URL=BROKERS["redis"][0],
+    )
+    host, port = address(REDIS_URL)
+    if not port_open(port, host):
+        service_missing("Redis", ConnectionRefusedError(f"{host}:{port}"))
     import redis
 
     # Start from empty broker and result databases (RabbitMQ needs nothing: the
@@ -111,9 +134,10 @@ def start_worker(
     concurrency: int = 2,
     extra_env: dict[str, str] | None = None,
 ) -> Iterator[Worker]:
-    url, port = BROKERS[broker]
-    if not port_open(port):
-        service_missing(broker, ConnectionRefusedError(f"127.0.0.1:{port}"))
+    url, _ = BROKERS[broker]
+    host, port = address(url)
+    if not port_open(port, host):
+        service_missing(broker, ConnectionRefusedError(f"{host}:{port}"))
     app = shop.app
     app.conf.broker_url = url
     # Drop pooled connections to the previous broker (Celery does the same after a fork).

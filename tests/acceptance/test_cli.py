@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.acceptance.conftest import redis_db
 from tests.conftest import PgServer
 
 
@@ -71,7 +72,7 @@ def test_bad_url_is_one_clear_line() -> None:
 
 def test_demo_on_redis_and_postgres(pg_server: PgServer) -> None:
     url = pg_server.create_database("pikku_demo")
-    result = cli("demo", "--broker-url", "redis://127.0.0.1:6379/12", "--database-url", url)
+    result = cli("demo", "--broker-url", redis_db(12), "--database-url", url)
     assert result.returncode == 0, result.stderr
     assert "refund" in result.stdout
     lines = result.stdout.splitlines()

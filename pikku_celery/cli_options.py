@@ -1,0 +1,53 @@
+"""Option values of the ``pikku-celery`` command: ages, bounded numbers, and settings read
+from the environment (every option has a variable, shown in ``--help``)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+from collections.abc import Callable
+from typing import Final
+
+__all__ = ["env_flag", "int_between", "listed", "parse_age"]
+
+_AGE: Final = re.compile(r"(\d+)\s*([smhd])")
+_AGE_UNITS: Final = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_age(text: str) -> dt.timedelta:
+    """``30d``, ``12h``, ``90m`` or ``45s`` as a time span."""
+    match = _AGE.fullmatch(text.strip().lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an age; use a number and a unit: 30d, 12h, 90m or 45s"
+        )
+    try:
+        return dt.timedelta(**{_AGE_UNITS[match.group(2)]: int(match.group(1))})
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"{text!r} is too long an age") from None
+
+
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
+        return value
+
+    return parse
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def listed(values: list[str] | None, env: str) -> list[str] | None:
+    """``--status a --status b,c``, else the variable's comma-separated list, else None."""
+    given = values or ([os.environ[env]] if os.environ.get(env) else [])
+    items = [item.strip() for value in given for item in value.split(",") if item.strip()]
+    return items or None

@@ -1,0 +1,153 @@
+"""Removing old settled runs, with their steps and attempts, a batch at a time.
+
+Each batch is its own short transaction: a prune of millions of rows never
+holds locks (or a SQLite write lock) for longer than one batch, and progress
+made before an interruption stays made.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final
+
+import sqlalchemy as sa
+
+from pikku_celery.errors import InvalidStatus
+from pikku_celery.store import prune_queries as pq
+from pikku_celery.store.base import StoreBase
+from pikku_celery.store.models import RUN_STATUSES, SETTLED_RUN_STATUSES
+
+__all__ = ["DEFAULT_PRUNE_STATUSES", "PruneCount", "StorePrune"]
+
+DEFAULT_PRUNE_STATUSES: Final = tuple(sorted(SETTLED_RUN_STATUSES))
+
+
+@dataclass(frozen=True, slots=True)
+class PruneCount:
+    """Runs, and the steps and attempts that belong to them."""
+
+    runs: int = 0
+    steps: int = 0
+    attempts: int = 0
+
+    def __add__(self, other: PruneCount) -> PruneCount:
+        return PruneCount(
+            self.runs + other.runs, self.steps + other.steps, self.attempts + other.attempts
+        )
+
+
+def _settled(statuses: Iterable[str]) -> list[str]:
+    chosen = sorted(set(statuses))
+    if not chosen:
+        raise ValueError("Name at least one run status to prune.")
+    for status in chosen:
+        if status not in SETTLED_RUN_STATUSES:
+            # A running or suspended run is still being worked on: never prunable.
+            kind = "prunable run" if status in RUN_STATUSES else "run"
+            raise InvalidStatus(kind, status, SETTLED_RUN_STATUSES)
+    return chosen
+
+
+def _check_before(before: dt.datetime) -> None:
+    if before.tzinfo is None:
+        raise ValueError("`before` must be an aware datetime (UTC), not a naive one.")
+
+
+class StorePrune(StoreBase):
+    def count_prunable(
+        self,
+        before: dt.datetime,
+        statuses: Iterable[str] = DEFAULT_PRUNE_STATUSES,
+        *,
+        conn: sa.Connection | None = None,
+    ) -> PruneCount:
+        """How many runs (steps, attempts) in ``statuses`` were created before ``before``."""
+        _check_before(before)
+        params = {"statuses": _settled(statuses), "before": before}
+        with self._read(conn) as c:
+            row = c.execute(pq.count_prunable, params).one()
+        return PruneCount(int(row.runs), int(row.steps), int(row.attempts))
+
+    def count_prunable_runs(
+        self,
+        before: dt.datetime,
+        statuses: Iterable[str] = DEFAULT_PRUNE_STATUSES,
+        *,
+        conn: sa.Connection | None = None,
+    ) -> int:
+        """How many runs ``count_prunable`` would count, without reading their steps."""
+        _check_before(before)
+        params = {"statuses": _settled(statuses), "before": before}
+        with self._read(conn) as c:
+            return int(c.execute(pq.count_prunable_runs, params).scalar_one())
+
+    def prune_batch(
+        self,
+        before: dt.datetime,
+        statuses: Iterable[str] = DEFAULT_PRUNE_STATUSES,
+        limit: int = 500,
+        *,
+        conn: sa.Connection | None = None,
+    ) -> PruneCount:
+        """Delete the ``limit`` oldest prunable runs, in one transaction; returns what went.
+
+        Steps and attempts go with their runs. A run that is locked by another
+        transaction (being resumed, or pruned by someone else) is skipped.
+        """
+        _check_before(before)
+        if limit < 1:
+            raise ValueError("A prune batch needs a limit of 1 or more.")
+        chosen = _settled(statuses)
+        params = {
+            "statuses": chosen,
+            "before": before,
+            "limit": limit,
+            **pq.status_params(chosen),
+        }
+        with self._write(conn) as c:
+            candidates = list(c.execute(pq.oldest_prunable(len(chosen)), params).scalars())
+            if not candidates:
+                return PruneCount()
+            ids = list(c.execute(pq.lock_batch, {**params, "ids": candidates}).scalars())
+            if not ids:
+                return PruneCount()
+            children = c.execute(pq.count_batch_children, {"ids": ids}).one()
+            deleted = c.execute(pq.delete_runs, {**params, "ids": ids}).rowcount
+        return PruneCount(deleted, int(children.steps), int(children.attempts))
+
+    def prune(
+        self,
+        before: dt.datetime,
+        statuses: Iterable[str] = DEFAULT_PRUNE_STATUSES,
+        *,
+        batch_size: int = 500,
+        on_batch: Callable[[PruneCount], None] | None = None,
+    ) -> PruneCount:
+        """Delete every prunable run, ``batch_size`` runs per transaction; returns the total.
+
+        ``on_batch`` is called after each committed batch with the running total.
+        """
+        chosen = _settled(statuses)
+        total = PruneCount()
+        while True:
+            batch = self.prune_batch(before, chosen, batch_size)
+            if batch.runs == 0:
+                return total
+            total += batch
+            if on_batch is not None:
+                on_batch(total)
+
+    @contextmanager
+    def _write(self, conn: sa.Connection | None) -> Iterator[sa.Connection]:
+        """A transaction of its own (unless given one) that holds the write lock from the start."""
+        if conn is not None or self._pg:
+            with self._tx(conn) as c:
+                yield c
+            return
+        with self._errors(), self.engine.connect() as own:
+            own.exec_driver_sql(pq.SQLITE_BEGIN_WRITE)
+            yield own
+            own.commit()

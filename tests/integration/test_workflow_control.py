@@ -1,0 +1,46 @@
+"""resume, rerun and cancel refuse what they cannot do, with errors that say what to do."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+
+from pikku_celery import PikkuCelery, RunNotFound, StepNotFound, WorkflowStore
+from pikku_celery.errors import NotAWorkflowRun
+from pikku_celery.integration import signals
+
+
+@pytest.fixture
+def pikku(store: WorkflowStore) -> Iterator[PikkuCelery]:
+    app = Celery("control", broker="memory://", set_as_current=False)
+    yield PikkuCelery(app, store=store)
+    del signals.registry[id(app)]
+
+
+def test_resume_and_rerun_of_a_canvas_run_are_refused(
+    pikku: PikkuCelery, store: WorkflowStore
+) -> None:
+    run_id = store.create_run("checkout", {}, wire={"type": "canvas"})
+    store.insert_step_state(run_id, "charge", "shop.charge", None)
+    with pytest.raises(NotAWorkflowRun, match="publish the task or canvas again"):
+        pikku.resume(run_id)
+    with pytest.raises(NotAWorkflowRun):
+        pikku.rerun(run_id, from_step="charge")
+    assert store.get_step_state(run_id, "charge").attempt_count == 1
+
+
+def test_rerun_from_an_unknown_step_names_the_steps_there_are(
+    pikku: PikkuCelery, store: WorkflowStore
+) -> None:
+    run_id = store.create_run("flow", {}, wire={"type": "workflow"})
+    store.insert_step_state(run_id, "reserve", None, None)
+    store.insert_step_state(run_id, "charge", None, None)
+    with pytest.raises(StepNotFound, match="the run's steps are reserve, charge"):
+        pikku.rerun(run_id, from_step="ship")
+
+
+def test_cancel_of_an_unknown_run_is_an_error(pikku: PikkuCelery) -> None:
+    with pytest.raises(RunNotFound):
+        pikku.cancel("no-such-run")
