@@ -27,6 +27,7 @@ __all__ = [
     "record_attempt_step",
     "schedule_attempt",
     "schedule_step",
+    "schedule_step_pg",
     "settle_run",
     "touch_run",
 ]
@@ -95,7 +96,55 @@ def schedule_step(dialect: str) -> Insert:
     # SQLite needs a WHERE in INSERT ... SELECT ... ON CONFLICT to parse it.
     select = sa.select(*values.values()).where(sa.true())
     insert = _insert_for(dialect)(steps).from_select(list(values), select)
-    return insert.on_conflict_do_nothing().returning(steps.c.step_name)  # type: ignore[no-any-return]
+    return insert.on_conflict_do_nothing().returning(  # type: ignore[no-any-return]
+        steps.c.step_name, steps.c.workflow_step_id
+    )
+
+
+@cache
+def schedule_step_pg(with_run: bool) -> sa.Select[Any]:
+    """PostgreSQL: run (if new), step and first attempt in one statement, one round trip.
+
+    The foreign keys are checked at the end of the statement, when the run
+    written by the first CTE exists.
+    """
+    step = schedule_step("postgresql").cte("step")
+
+    def typed(name: str, column: sa.Column[Any]) -> sa.ColumnElement[Any]:
+        return sa.cast(P(name), column.type)
+
+    attempt_values: dict[str, Any] = {
+        "history_id": typed("history_id", history.c.history_id),
+        "workflow_step_id": step.c.workflow_step_id,
+        "attempt": sa.literal(1, sa.Integer),
+        "status": sa.literal("scheduled", sa.Text),
+        "created_at": typed("now", history.c.created_at),
+        "scheduled_at": typed("now", history.c.scheduled_at),
+        "eta": typed("eta", history.c.eta),
+        "task_id": typed("task_id", history.c.task_id),
+        "reason": sa.literal("first", sa.Text),
+    }
+    attempt = sa.insert(history).from_select(
+        list(attempt_values), sa.select(*attempt_values.values()).select_from(step)
+    )
+    query = sa.select(step.c.step_name)
+    if with_run:
+        run = (
+            postgresql.insert(runs)
+            .values(
+                workflow_run_id=P("run_id"),
+                workflow=P("run_workflow"),
+                status="running",
+                input=P("run_input"),
+                state="{}",
+                wire=P("run_wire"),
+                created_at=P("now"),
+                updated_at=P("now"),
+            )
+            .on_conflict_do_nothing(index_elements=["workflow_run_id"])
+        )
+        query = query.add_cte(run.cte("run"))
+    return query.add_cte(attempt.cte("attempt"))
 
 
 @cache

@@ -78,18 +78,32 @@ class AttemptWrites(StoreBase):
         }
         run_row = None
         if new_run is not None:
+            params.update(
+                run_workflow=new_run.workflow,
+                run_input=self._json(new_run.input, "run input"),
+                run_wire=None if new_run.wire is None else self._json(new_run.wire, "wire"),
+            )
             run_row = {
                 "workflow_run_id": run_id,
                 "workflow": new_run.workflow,
                 "status": "running",
-                "input": self._json(new_run.input, "run input"),
+                "input": params["run_input"],
                 "state": "{}",
-                "wire": None if new_run.wire is None else self._json(new_run.wire, "wire"),
+                "wire": params["run_wire"],
                 "created_at": timestamp,
                 "updated_at": timestamp,
             }
         for _ in range(20):  # each loop lost a race for a name to another publisher
             try:
+                if self._pg:
+                    with self._single(conn) as c:
+                        statement = aq.schedule_step_pg(new_run is not None)
+                        name = c.execute(statement, params).scalar()
+                        if name is not None:
+                            return str(name)
+                        if c.execute(q.step_exists, {"step_id": step_id}).first() is not None:
+                            return None
+                    continue
                 with self._tx(conn) as c:
                     if run_row is not None:
                         c.execute(aq.insert_run_once(self.dialect), run_row)

@@ -9,9 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from pikku_celery import RunNotFound, StepNotFound, WorkflowStore
 from pikku_celery.store.attempt_writes import NewRun
+from tests.conftest import truncate
 from tests.support.statements import count_statements
 
 Event = Callable[[WorkflowStore, str], None]
@@ -218,3 +220,26 @@ def test_settled_runs_stay_settled(store: WorkflowStore) -> None:
     run = store.get_run(run_id)
     assert run.status == "failed"
     assert run.error is not None and run.error["message"] == "charge failed"
+
+
+def test_publishing_a_lone_task_is_one_round_trip_on_postgres(pg_engine: sa.Engine) -> None:
+    truncate(pg_engine)
+    store = WorkflowStore(pg_engine)
+    autocommit: list[bool] = []
+
+    def record(conn: Any, *_: Any) -> None:
+        autocommit.append(bool(conn.connection.dbapi_connection.autocommit))
+
+    step_id = str(uuid.uuid4())
+    sa.event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        name = store.schedule_step(
+            step_id, step_id, "charge", "shop.charge", {}, new_run=NewRun("shop.charge", {})
+        )
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", record)
+    assert name == "charge"
+    # Run, step and attempt 1 in one statement, outside any BEGIN/COMMIT.
+    assert autocommit == [True]
+    [attempt] = store.get_run_history(step_id)
+    assert (attempt.step_name, attempt.status, attempt.reason) == ("charge", "scheduled", "first")
