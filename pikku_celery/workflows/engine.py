@@ -137,7 +137,7 @@ class WorkflowEngine:
                 f"Run {run_id!r} belongs to workflow {run.workflow!r}, which this worker "
                 "does not define; import the module that declares it in the worker."
             )
-        outcome: Outcome = replay(self.store, workflow, run_id, self.dispatcher)
+        outcome: Outcome = replay(self.store, workflow, run_id, self.dispatcher, run)
         return outcome
 
     def _wake(self, run_id: str, step_id: str, attempt: int) -> None:

@@ -9,7 +9,7 @@ import logging
 from typing import Final, Literal
 
 from pikku_celery.errors import SerializationError, StepFailed, VersionConflict
-from pikku_celery.store import WorkflowStore
+from pikku_celery.store import WorkflowRun, WorkflowStore
 from pikku_celery.store.codec import error_document
 from pikku_celery.store.models import SETTLED_RUN_STATUSES
 from pikku_celery.workflows.context import Dispatcher, Suspend, WorkflowContext
@@ -24,10 +24,17 @@ _GOING: Final = ("running", "suspended")
 
 
 def replay(
-    store: WorkflowStore, workflow: Workflow, run_id: str, dispatcher: Dispatcher
+    store: WorkflowStore,
+    workflow: Workflow,
+    run_id: str,
+    dispatcher: Dispatcher,
+    run: WorkflowRun | None = None,
 ) -> Outcome:
-    """Replay the run once: stored results for finished steps, dispatch the next, stop."""
-    run = store.get_run(run_id)
+    """Replay the run once: stored results for finished steps, dispatch the next, stop.
+
+    ``run`` is the run as just read, when the caller has it: no second read.
+    """
+    run = run if run is not None else store.get_run(run_id)
     if run.status in SETTLED_RUN_STATUSES:
         return "settled"
     if not workflow.accepts(run.graph_hash):
