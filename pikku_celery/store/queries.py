@@ -70,9 +70,14 @@ TIMESTAMP_COLUMN: Final[dict[str, str | None]] = {
 
 
 def rank(column: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+    # The statuses and ranks are the package's own constants, written into the
+    # SQL rather than bound: a dozen fewer parameters on every transition.
     return sa.case(
-        *((column == status, order) for status, order in STATUS_RANK.items()),
-        else_=0,
+        *(
+            (column == sa.literal_column(f"'{status}'"), sa.literal_column(str(order)))
+            for status, order in STATUS_RANK.items()
+        ),
+        else_=sa.literal_column("0"),
     )
 
 
