@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from types import ModuleType
 from urllib.parse import urlsplit
 
 import pytest
+import sqlalchemy as sa
 
 from pikku_celery import WorkflowRun, WorkflowStore
 from pikku_celery.store.models import SETTLED_RUN_STATUSES
@@ -217,3 +218,21 @@ def children_pids(pid: int) -> list[int]:
         ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
     )
     return [int(line) for line in out.stdout.split()]
+
+
+def effects(worker: Worker, label: str) -> int:
+    """How often a step really did its work, as the shop's tasks record it in the database."""
+    with worker.store.engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text("SELECT count(*) FROM shop_effects WHERE label = :label"),
+                {"label": label},
+            ).scalar_one()
+        )
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 30, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

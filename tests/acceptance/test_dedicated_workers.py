@@ -5,32 +5,13 @@ No other worker may run meanwhile, so this module has no module-wide worker.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-import sqlalchemy as sa
 
 from pikku_celery.errors import RunFailed
-from tests.acceptance.conftest import Worker, worker_running
-
-
-def effects(worker: Worker, label: str) -> int:
-    with worker.store.engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text("SELECT count(*) FROM shop_effects WHERE label = :label"),
-                {"label": label},
-            ).scalar_one()
-        )
-
-
-def wait_until(condition: object, timeout: float = 30, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+from tests.acceptance.conftest import effects, wait_until, worker_running
 
 
 def test_many_immediate_retries_on_four_processes_converge(

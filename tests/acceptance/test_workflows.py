@@ -2,37 +2,18 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
-import sqlalchemy as sa
 
 from pikku_celery.errors import RunFailed
-from tests.acceptance.conftest import Worker, start_worker
+from tests.acceptance.conftest import Worker, start_worker, wait_until
 
 
 @pytest.fixture(scope="module")
 def wf_worker(shop: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     yield from start_worker(shop, "redis", tmp_path_factory.mktemp("workflows"))
-
-
-def effects(worker: Worker, label: str) -> int:
-    with worker.store.engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text("SELECT count(*) FROM shop_effects WHERE label = :label"),
-                {"label": label},
-            ).scalar_one()
-        )
-
-
-def wait_until(condition: object, timeout: float = 30, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_workflow_is_one_run_with_each_step_once(shop: ModuleType, wf_worker: Worker) -> None:
