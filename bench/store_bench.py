@@ -121,7 +121,11 @@ def capture(store: WorkflowStore, action: Callable[[], object]) -> list[Statemen
             named = dict(parameters)
             seen.append(Statement(statement, named, tuple((k, k) for k in named if k in DYNAMIC)))
             return
-        names = context.compiled.positiontup
+        if context.compiled is not None:
+            names = context.compiled.positiontup
+        else:
+            # The store's hot path sends SQL it compiled once: look its order up there.
+            names = next(order for sql, _, order in store._compiled.values() if sql == statement)
         slots = tuple((i, name) for i, name in enumerate(names) if name in DYNAMIC)
         seen.append(Statement(statement, list(parameters), slots))
 

@@ -98,7 +98,7 @@ class AttemptWrites(StoreBase):
                 if self._pg:
                     with self._single(conn) as c:
                         statement = aq.schedule_step_pg(new_run is not None)
-                        name = c.execute(statement, params).scalar()
+                        name = self._run_compiled(c, statement, params).scalar()
                         if name is not None:
                             return str(name)
                         if c.execute(q.step_exists, {"step_id": step_id}).first() is not None:
@@ -168,7 +168,10 @@ class AttemptWrites(StoreBase):
             with self._single(conn) as c:
                 if not self._pg:
                     c.execute(aq.record_attempt_step(status), params)
-                c.execute(aq.record_attempt(self.dialect, status), params)
+                if self._pg:
+                    self._run_compiled(c, aq.record_attempt(self.dialect, status), params)
+                else:
+                    c.execute(aq.record_attempt(self.dialect, status), params)
         except StoreError as exc:
             if isinstance(exc.__cause__, sa_exc.IntegrityError):
                 raise StepNotFound(step_id=step_id) from exc.__cause__

@@ -334,16 +334,17 @@ class WorkflowStore(ClaimWrites, StoreStats, StorePrune, StoreBase):
         }
         with self._single(conn) as c:
             if self._pg:
-                applied = c.execute(q.transition_pg(status), params).first() is not None
+                applied = (
+                    self._run_compiled(c, q.transition_pg(status), params).first() is not None
+                )
             else:
-                attempt = c.execute(q.transition_sqlite_step(status), params).scalar()
+                step = self._run_compiled(c, q.transition_sqlite_step(status), params)
+                attempt = step.scalar()
                 applied = attempt is not None
                 if applied:
                     params["attempt_no"] = attempt
-                    # Only the parameters it names: an extra one that matches a column
-                    # (history_id) would become a SET clause of the UPDATE.
-                    update = {k: v for k, v in params.items() if k != "history_id"}
-                    if c.execute(q.transition_sqlite_attempt(status), update).rowcount == 0:
+                    row = self._run_compiled(c, q.transition_sqlite_attempt(status), params)
+                    if row.rowcount == 0:
                         c.execute(q.transition_sqlite_repair(status), params)
             # Cold path only: nothing changed, so tell a no-op from a missing step.
             if not applied and c.execute(q.step_exists, {"step_id": step_id}).first() is None:
