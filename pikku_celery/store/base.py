@@ -79,9 +79,7 @@ class StoreBase:
         self.dialect: str = self.engine.dialect.name
         self._pg = self.dialect == "postgresql"
         self.codec = JsonCodec(max_bytes=max_payload_bytes, allow_nul=not self._pg)
-        self._compiled: dict[
-            sa.Executable, tuple[str, dict[str, Any], tuple[str, ...] | None]
-        ] = {}
+        self._compiled: dict[sa.Executable, tuple[str, dict[str, Any], tuple[str, ...] | None]] = {}
         # Shares the engine's pool; connections are put back as they were.
         self._autocommit: sa.Engine | None = (
             self.engine.execution_options(isolation_level="AUTOCOMMIT") if self._pg else None

@@ -334,9 +334,7 @@ class WorkflowStore(ClaimWrites, StoreStats, StorePrune, StoreBase):
         }
         with self._single(conn) as c:
             if self._pg:
-                applied = (
-                    self._run_compiled(c, q.transition_pg(status), params).first() is not None
-                )
+                applied = self._run_compiled(c, q.transition_pg(status), params).first() is not None
             else:
                 step = self._run_compiled(c, q.transition_sqlite_step(status), params)
                 attempt = step.scalar()
