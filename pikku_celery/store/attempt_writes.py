@@ -16,7 +16,7 @@ from sqlalchemy import exc as sa_exc
 from pikku_celery.errors import InvalidStatus, RunNotFound, StepNotFound, StoreError
 from pikku_celery.store import attempt_queries as aq
 from pikku_celery.store import queries as q
-from pikku_celery.store.base import UNSET, ErrorLike, StoreBase, _Unset, new_id, now
+from pikku_celery.store.base import UNSET, ErrorLike, StoreBase, _Unset, like_prefix, new_id, now
 
 __all__ = ["AttemptWrites", "NewRun"]
 
@@ -30,11 +30,6 @@ class NewRun:
     workflow: str
     input: Any
     wire: Any = None
-
-
-def _like_prefix(name: str) -> str:
-    escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"{escaped}#%"
 
 
 class AttemptWrites(StoreBase):
@@ -65,7 +60,7 @@ class AttemptWrites(StoreBase):
             "run_id": run_id,
             "step_id": step_id,
             "base_name": step_name,
-            "name_pattern": _like_prefix(step_name),
+            "name_pattern": like_prefix(step_name, "#%"),
             "rpc_name": rpc_name,
             "data": self._json(data, f"input of step {step_name!r}"),
             "retries": retries,

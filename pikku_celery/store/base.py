@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -18,6 +18,7 @@ from sqlalchemy import exc as sa_exc
 
 from pikku_celery import migrate
 from pikku_celery.errors import (
+    InvalidStatus,
     PikkuCeleryError,
     SchemaNotCurrent,
     StoreError,
@@ -25,6 +26,7 @@ from pikku_celery.errors import (
 )
 from pikku_celery.store.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, error_document
 from pikku_celery.store.engine import configure_engine, make_engine, safe_url
+from pikku_celery.store.models import RUN_STATUSES
 
 __all__ = ["UNSET", "ErrorLike", "StoreBase", "new_id", "now"]
 
@@ -50,6 +52,31 @@ def _sqlite_value(value: Any) -> Any:
         # The format SQLAlchemy's SQLite DateTime writes and reads: naive UTC.
         return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
     return value
+
+
+MAX_PAGE: Final = 1000
+
+
+def check_page(limit: int, offset: int) -> None:
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE}; page with offset=.")
+    if offset < 0:
+        raise ValueError("offset must be 0 or more.")
+
+
+def run_statuses(status: str | Sequence[str] | None) -> list[str]:
+    """One status or several, each checked against the run statuses."""
+    statuses = [status] if isinstance(status, str) else list(status or [])
+    for one in statuses:
+        if one not in RUN_STATUSES:
+            raise InvalidStatus("run", one, RUN_STATUSES)
+    return statuses
+
+
+def like_prefix(text: str, suffix: str = "%") -> str:
+    """A LIKE pattern (escape character ``\\``) matching ``text`` literally, then ``suffix``."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"{escaped}{suffix}"
 
 
 def new_id() -> str:

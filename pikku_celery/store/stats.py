@@ -5,18 +5,15 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import sqlalchemy as sa
 
-from pikku_celery.errors import InvalidStatus
 from pikku_celery.store import stats_queries as sq
-from pikku_celery.store.base import StoreBase, now
-from pikku_celery.store.models import RUN_STATUSES, WorkflowRun
+from pikku_celery.store.base import StoreBase, check_page, like_prefix, now, run_statuses
+from pikku_celery.store.models import WorkflowRun
 
 __all__ = ["AttemptCount", "AttemptTotals", "StoreStats"]
-
-_MAX_PAGE: Final = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,19 +35,6 @@ class AttemptTotals:
     @property
     def retry_ratio(self) -> float:
         return self.retries / self.attempts if self.attempts else 0.0
-
-
-def _like_prefix(prefix: str) -> str:
-    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"{escaped}%"
-
-
-def _statuses(status: str | Sequence[str] | None) -> list[str]:
-    statuses = [status] if isinstance(status, str) else list(status or [])
-    for one in statuses:
-        if one not in RUN_STATUSES:
-            raise InvalidStatus("run", one, RUN_STATUSES)
-    return statuses
 
 
 class StoreStats(StoreBase):
@@ -96,11 +80,11 @@ class StoreStats(StoreBase):
         conn: sa.Connection | None = None,
     ) -> int:
         """How many runs ``list_runs`` (or ``search_runs``) with these filters pages through."""
-        statuses = _statuses(status)
+        statuses = run_statuses(status)
         params: dict[str, Any] = {
             "workflow": workflow,
             "statuses": statuses,
-            "id_pattern": None if run_id_prefix is None else _like_prefix(run_id_prefix),
+            "id_pattern": None if run_id_prefix is None else like_prefix(run_id_prefix),
         }
         query = sq.count_runs(workflow is not None, bool(statuses), run_id_prefix is not None)
         with self._read(conn) as c:
@@ -117,15 +101,12 @@ class StoreStats(StoreBase):
         conn: sa.Connection | None = None,
     ) -> list[WorkflowRun]:
         """Runs whose id starts with ``run_id_prefix``, newest first, like ``list_runs``."""
-        if not 1 <= limit <= _MAX_PAGE:
-            raise ValueError(f"limit must be between 1 and {_MAX_PAGE}; page with offset=.")
-        if offset < 0:
-            raise ValueError("offset must be 0 or more.")
-        statuses = _statuses(status)
+        check_page(limit, offset)
+        statuses = run_statuses(status)
         params: dict[str, Any] = {
             "workflow": workflow,
             "statuses": statuses,
-            "id_pattern": _like_prefix(run_id_prefix),
+            "id_pattern": like_prefix(run_id_prefix),
             "limit": limit,
             "offset": offset,
         }

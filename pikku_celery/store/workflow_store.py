@@ -21,7 +21,7 @@ from pikku_celery.errors import (
     VersionNotFound,
 )
 from pikku_celery.store import queries as q
-from pikku_celery.store.base import UNSET, ErrorLike, StoreBase, _Unset
+from pikku_celery.store.base import UNSET, ErrorLike, StoreBase, _Unset, check_page, run_statuses
 from pikku_celery.store.base import new_id as _new_id
 from pikku_celery.store.base import now as _now
 from pikku_celery.store.claim_writes import ClaimWrites
@@ -40,7 +40,6 @@ __all__ = ["UNSET", "WorkflowStore"]
 NewAttemptStatus = Literal["pending", "scheduled", "running"]
 _NEW_ATTEMPT_STATUSES: Final = frozenset({"pending", "scheduled", "running"})
 _VERSION_STATUSES: Final = frozenset({"draft", "active", "declined"})
-_MAX_PAGE: Final = 1000
 
 
 class WorkflowStore(ClaimWrites, StoreStats, StorePrune, StoreBase):
@@ -136,13 +135,8 @@ class WorkflowStore(ClaimWrites, StoreStats, StorePrune, StoreBase):
         conn: sa.Connection | None = None,
     ) -> list[WorkflowRun]:
         """Runs, newest first; page with ``limit`` and ``offset``."""
-        if not 1 <= limit <= _MAX_PAGE:
-            raise ValueError(f"limit must be between 1 and {_MAX_PAGE}; page with offset=.")
-        if offset < 0:
-            raise ValueError("offset must be 0 or more.")
-        statuses = [status] if isinstance(status, str) else list(status or [])
-        for one in statuses:
-            self._check_run_status(one)
+        check_page(limit, offset)
+        statuses = run_statuses(status)
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         if workflow is not None:
             params["workflow"] = workflow
