@@ -43,7 +43,6 @@ import json
 import os
 import pstats
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -62,6 +61,7 @@ from celery import Celery, signals
 from psycopg.pq import TransactionStatus
 from sqlalchemy.engine import make_url
 
+from bench.workers import stop_worker, wait_ready
 from pikku_celery import PikkuCelery
 
 SCENARIO_ENV: Final = "BENCH_SCENARIO"
@@ -597,32 +597,6 @@ def running_worker(
         yield worker
     finally:
         stop_worker(worker)
-
-
-def wait_ready(worker: subprocess.Popen[bytes], broker_url: str, log: Path) -> None:
-    control = Celery("bench_control", broker=broker_url)
-    control.conf.broker_connection_retry_on_startup = True
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            if worker.poll() is not None:
-                raise SystemExit(f"the worker exited with {worker.returncode}:\n{log.read_text()}")
-            if control.control.ping(timeout=0.5):
-                return
-        raise SystemExit(f"the worker did not answer a ping within 60 s:\n{log.read_text()}")
-    finally:
-        control.close()
-
-
-def stop_worker(worker: subprocess.Popen[bytes]) -> None:
-    if worker.poll() is not None:
-        return
-    worker.send_signal(signal.SIGTERM)
-    try:
-        worker.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
 
 
 def publisher(

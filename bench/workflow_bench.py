@@ -55,7 +55,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -77,6 +76,7 @@ from sqlalchemy.engine import make_url
 
 import pikku_celery.integration.mirror
 import pikku_celery.store
+from bench.workers import stop_worker, wait_ready
 from pikku_celery import PikkuCelery
 from pikku_celery.store import StepAttempt
 from pikku_celery.workflows.definition import Workflow
@@ -473,32 +473,6 @@ def running_worker(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[
         yield worker
     finally:
         stop_worker(worker)
-
-
-def wait_ready(worker: subprocess.Popen[bytes], broker_url: str, log: Path) -> None:
-    control = Celery("wfbench_control", broker=broker_url)
-    control.conf.broker_connection_retry_on_startup = True
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            if worker.poll() is not None:
-                raise SystemExit(f"the worker exited with {worker.returncode}:\n{log.read_text()}")
-            if control.control.ping(timeout=0.5):
-                return
-        raise SystemExit(f"the worker did not answer a ping within 60 s:\n{log.read_text()}")
-    finally:
-        control.close()
-
-
-def stop_worker(worker: subprocess.Popen[bytes]) -> None:
-    if worker.poll() is not None:
-        return
-    worker.send_signal(signal.SIGTERM)
-    try:
-        worker.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)  # the worker's own session: its pool children
-        worker.wait()
 
 
 def mirror_failures(log: Path) -> list[str]:

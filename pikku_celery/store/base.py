@@ -233,6 +233,44 @@ class StoreBase:
         # SQLite: positional parameters, and time as the text SQLAlchemy stores.
         return conn.exec_driver_sql(sql, tuple(_sqlite_value(values[name]) for name in order))
 
+    def _first_attempt_rows(
+        self,
+        *,
+        step_id: str,
+        run_id: str,
+        step_name: str,
+        rpc_name: str | None,
+        data: Any,
+        status: str,
+        retries: int | None,
+        retry_delay: float | str | None,
+        from_step_name: str | None,
+        timestamp: dt.datetime,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The rows of a new step and of its attempt 1, before any status stamp."""
+        step = {
+            "workflow_step_id": step_id,
+            "workflow_run_id": run_id,
+            "step_name": step_name,
+            "rpc_name": rpc_name,
+            "data": self._json(data, f"input of step {step_name!r}"),
+            "status": status,
+            "retries": retries,
+            "retry_delay": None if retry_delay is None else str(retry_delay),
+            "from_step_name": from_step_name,
+            "current_attempt": 1,
+            "created_at": timestamp,
+            "updated_at": timestamp,
+        }
+        attempt = {
+            "history_id": new_id(),
+            "workflow_step_id": step_id,
+            "status": status,
+            "attempt": 1,
+            "created_at": timestamp,
+        }
+        return step, attempt
+
     def _json(self, value: Any, what: str) -> str:
         return self.codec.encode(value, what)
 

@@ -11,7 +11,7 @@ from pikku_celery.errors import InvalidStatus, StepNotFound
 from pikku_celery.store import claim_queries as cq
 from pikku_celery.store import queries as q
 from pikku_celery.store.attempt_writes import AttemptWrites
-from pikku_celery.store.base import UNSET, ErrorLike, _Unset, new_id, now
+from pikku_celery.store.base import UNSET, ErrorLike, _Unset, now
 from pikku_celery.store.models import RUN_STATUSES, StepState
 
 __all__ = ["ClaimWrites"]
@@ -52,31 +52,20 @@ class ClaimWrites(AttemptWrites):
             outcome["result"] = self._json(result, f"result of step {step_name!r}")
         elif status == "failed":
             outcome["error"] = None if error is None else self._error_json(error)
-        step = {
-            "workflow_step_id": step_id,
-            "workflow_run_id": run_id,
-            "step_name": step_name,
-            "rpc_name": rpc_name,
-            "data": self._json(data, f"input of step {step_name!r}"),
-            "status": status,
-            "retries": retries,
-            "retry_delay": None if retry_delay is None else str(retry_delay),
-            "from_step_name": from_step_name,
-            "current_attempt": 1,
-            "created_at": timestamp,
-            "updated_at": timestamp,
-            **outcome,
-        }
-        attempt: dict[str, Any] = {
-            "history_id": new_id(),
-            "workflow_step_id": step_id,
-            "status": status,
-            "attempt": 1,
-            "created_at": timestamp,
-            "eta": eta,
-            "reason": "first",
-            **outcome,
-        }
+        step, attempt = self._first_attempt_rows(
+            step_id=step_id,
+            run_id=run_id,
+            step_name=step_name,
+            rpc_name=rpc_name,
+            data=data,
+            status=status,
+            retries=retries,
+            retry_delay=retry_delay,
+            from_step_name=from_step_name,
+            timestamp=timestamp,
+        )
+        step.update(outcome)
+        attempt.update(outcome, eta=eta, reason="first")
         if status == "scheduled":
             attempt["scheduled_at"] = timestamp
         else:

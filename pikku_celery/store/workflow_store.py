@@ -209,27 +209,18 @@ class WorkflowStore(ClaimWrites, StoreStats, StorePrune, StoreBase):
         if status not in _NEW_ATTEMPT_STATUSES:
             raise InvalidStatus("new step", status, _NEW_ATTEMPT_STATUSES)
         now = _now()
-        step: dict[str, Any] = {
-            "workflow_step_id": step_id or _new_id(),
-            "workflow_run_id": run_id,
-            "step_name": step_name,
-            "rpc_name": rpc_name,
-            "data": self._json(data, f"input of step {step_name!r}"),
-            "status": status,
-            "retries": retries,
-            "retry_delay": None if retry_delay is None else str(retry_delay),
-            "from_step_name": from_step_name,
-            "current_attempt": 1,
-            "created_at": now,
-            "updated_at": now,
-        }
-        attempt: dict[str, Any] = {
-            "history_id": _new_id(),
-            "workflow_step_id": step["workflow_step_id"],
-            "status": status,
-            "attempt": 1,
-            "created_at": now,
-        }
+        step, attempt = self._first_attempt_rows(
+            step_id=step_id or _new_id(),
+            run_id=run_id,
+            step_name=step_name,
+            rpc_name=rpc_name,
+            data=data,
+            status=status,
+            retries=retries,
+            retry_delay=retry_delay,
+            from_step_name=from_step_name,
+            timestamp=now,
+        )
         stamp = q.TIMESTAMP_COLUMN[status]
         if stamp is not None:
             attempt[stamp] = now

@@ -9,10 +9,8 @@ module-wide one.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,17 +26,7 @@ import pytest
 from celery import chain
 
 from tests.acceptance.conftest import BROKERS, ROOT, worker_running
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
+from tests.support.http import free_port, get_json
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float, log: Path) -> Any:

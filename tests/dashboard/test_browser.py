@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pikku_celery import WorkflowStore
 from pikku_celery.dashboard import create_app
 from tests.acceptance.conftest import start_worker
 from tests.conftest import REQUIRE_SERVICES
+from tests.support.http import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("PIKKU_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -40,12 +40,6 @@ def browser_missing(reason: str) -> None:
     if REQUIRE_SERVICES:
         pytest.fail(message)
     pytest.skip(message)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

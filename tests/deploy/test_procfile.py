@@ -3,7 +3,6 @@ PostgreSQL and Redis serve a real run, then stop on one signal and leave no proc
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -24,6 +23,7 @@ import redis
 from tests.acceptance.conftest import REDIS_URL, address, port_open, redis_db
 from tests.conftest import PgServer, service_missing
 from tests.deploy.conftest import BIN, ROOT, tool
+from tests.support.http import free_port, get_json
 
 # A Redis database of this test's own (the acceptance suites use 12 to 15).
 BROKER = redis_db(11)
@@ -32,19 +32,6 @@ from celery import chain
 from pikku_celery import demo_app as d
 print(d.pikku.run(chain(d.reserve.s(1), d.charge.s(), d.ship.s()), name="checkout", input={}))
 """
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
 
 
 @dataclass
