@@ -10,12 +10,14 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Final
 
 from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration.app import PikkuCelery
 
-__all__ = ["ENV_APP", "load_pikku"]
+__all__ = ["ENV_APP", "load_pikku", "user_app"]
 
 ENV_APP: Final = "PIKKU_CELERY_APP"
 
@@ -68,3 +70,19 @@ def load_pikku(spec: str) -> PikkuCelery:
         f"--app {spec!r}: module {module_name!r} has no PikkuCelery instance; create one "
         "there (pikku = PikkuCelery(app)) or name it, like module:pikku."
     )
+
+
+@contextmanager
+def user_app(spec: str | None, command: str) -> Iterator[PikkuCelery]:
+    """The user's PikkuCelery for a command that talks to Celery; closed afterwards."""
+    if not spec:
+        raise ConfigurationError(
+            f"`pikku-celery {command}` talks to your Celery workers, so it needs your app: "
+            f"pass --app module:attribute (like proj.tasks:pikku) or set {ENV_APP}."
+        )
+    pikku = load_pikku(spec)
+    try:
+        yield pikku
+    finally:
+        pikku.store.close()
+        pikku.app.close()  # the broker connections it opened

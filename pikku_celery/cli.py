@@ -7,14 +7,13 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn
 
-from pikku_celery.app_loader import ENV_APP, load_pikku
+from pikku_celery.app_loader import ENV_APP, load_pikku, user_app
 from pikku_celery.cli_options import env_flag, int_between, listed, parse_age
+from pikku_celery.cli_reap import add_reap_command
 from pikku_celery.errors import ConfigurationError, PikkuCeleryError, RunNotFound
-from pikku_celery.integration.app import PikkuCelery
 from pikku_celery.payloads import run_document, run_json
 from pikku_celery.progress import Progress
 from pikku_celery.report import format_run, format_runs
@@ -192,24 +191,8 @@ def cmd_runs_delete(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@contextmanager
-def _user_app(args: argparse.Namespace, command: str) -> Iterator[PikkuCelery]:
-    """The user's PikkuCelery (resume, rerun and cancel publish with its Celery app)."""
-    if not args.app:
-        raise ConfigurationError(
-            f"`pikku-celery runs {command}` publishes Celery messages, so it needs your app: "
-            f"pass --app module:attribute (like proj.tasks:pikku) or set {ENV_APP}."
-        )
-    pikku = load_pikku(args.app)
-    try:
-        yield pikku
-    finally:
-        pikku.store.close()
-        pikku.app.close()  # the broker connections it opened to publish
-
-
 def cmd_runs_resume(args: argparse.Namespace) -> int:
-    with _user_app(args, "resume") as pikku:
+    with user_app(args.app, "runs resume") as pikku:
         run = pikku.store.get_run(args.run_id)
         if run.status == "completed":
             print(f"Run {run.run_id} is completed; nothing to resume.")
@@ -223,7 +206,7 @@ def cmd_runs_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_rerun(args: argparse.Namespace) -> int:
-    with _user_app(args, "rerun") as pikku:
+    with user_app(args.app, "runs rerun") as pikku:
         run = pikku.store.get_run(args.run_id)
         names = [step.step_name for step in pikku.store.list_step_states(run.run_id)]
         if args.from_step not in names:
@@ -237,7 +220,7 @@ def cmd_runs_rerun(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_cancel(args: argparse.Namespace) -> int:
-    with _user_app(args, "cancel") as pikku:
+    with user_app(args.app, "runs cancel") as pikku:
         run = pikku.store.get_run(args.run_id)
         if run.status not in ("running", "suspended"):
             print(f"Run {run.run_id} is {run.status} already; nothing to cancel.")
@@ -502,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     ).set_defaults(func=cmd_healthcheck)
     _add_runs_commands(commands)
     _add_prune_command(commands)
+    add_reap_command(commands, json_default=env_flag(ENV_JSON))
     return parser
 
 

@@ -12,13 +12,17 @@ from celery.canvas import Signature
 from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration import signals
 from pikku_celery.integration.mirror import CeleryMirror
+from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.task import WorkflowTask
 from pikku_celery.store import WorkflowStore
 from pikku_celery.store.engine import DEFAULT_DATABASE_URL, ENV_DATABASE_URL
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.engine import WorkflowEngine
 
-__all__ = ["PikkuCelery"]
+__all__ = ["REAP_TASK", "PikkuCelery"]
+
+#: The periodic task that runs one reaper pass (see :meth:`PikkuCelery.reap_every`).
+REAP_TASK = "pikku_celery.reap"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,6 +58,7 @@ class PikkuCelery:
         # Flower and `celery events` see every task and every retry.
         app.conf.worker_send_task_events = True
         app.conf.task_send_sent_event = True
+        app.task(name=REAP_TASK, ignore_result=True, shared=False)(self._reap_task)
         signals.install(self)
 
     @property
@@ -162,3 +167,32 @@ class PikkuCelery:
     def cancel(self, run_id: str) -> list[str]:
         """Cancel the run; its scheduled and running steps are revoked."""
         return self.workflows.cancel(run_id)
+
+    # --- the stuck-attempt reaper ------------------------------------------------------
+
+    def reaper(self, **options: Any) -> Reaper:
+        """A :class:`Reaper` for this app; ``options`` are its keyword arguments."""
+        return Reaper(self.app, self.store, replay=self.workflows.replay_soon, **options)
+
+    def reap(self, **options: Any) -> ReapReport:
+        """One reaper pass now: lost attempts are marked, retried or failed."""
+        return self.reaper(**options).reap()
+
+    def reap_every(self, seconds: float = 60.0, **options: Any) -> None:
+        """Run the reaper from celery beat every ``seconds`` (add ``-B`` or run ``beat``).
+
+        Safe on several beats at once: every write of the reaper is guarded.
+        """
+        self.app.conf.beat_schedule = {
+            **(self.app.conf.beat_schedule or {}),
+            REAP_TASK: {
+                "task": REAP_TASK,
+                "schedule": seconds,
+                "kwargs": options,
+                # A pass that waited longer than its interval is replaced by the next one.
+                "options": {"expires": seconds},
+            },
+        }
+
+    def _reap_task(self, **options: Any) -> dict[str, Any]:
+        return self.reap(**options).as_dict()

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
-from pikku_celery.store.models import StepAttempt, StepState, WorkflowRun, WorkflowVersion
+from pikku_celery.store.models import (
+    OpenAttempt,
+    StaleStep,
+    StepAttempt,
+    StepState,
+    WorkflowRun,
+    WorkflowVersion,
+)
 from pikku_celery.store.workflow_store import UNSET, WorkflowStore
 
-__all__ = ["UNSET", "StepAttempt", "StepState", "WorkflowRun", "WorkflowStore", "WorkflowVersion"]
+__all__ = [
+    "UNSET",
+    "OpenAttempt",
+    "StaleStep",
+    "StepAttempt",
+    "StepState",
+    "WorkflowRun",
+    "WorkflowStore",
+    "WorkflowVersion",
+]

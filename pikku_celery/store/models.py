@@ -12,7 +12,9 @@ __all__ = [
     "RUN_STATUSES",
     "SETTLED_RUN_STATUSES",
     "STEP_STATUSES",
+    "OpenAttempt",
     "RunStatus",
+    "StaleStep",
     "StepAttempt",
     "StepState",
     "StepStatus",
@@ -21,23 +23,26 @@ __all__ = [
 ]
 
 RunStatus = Literal["running", "suspended", "completed", "failed", "cancelled"]
-StepStatus = Literal["pending", "scheduled", "running", "succeeded", "failed", "cancelled"]
+StepStatus = Literal["pending", "scheduled", "running", "lost", "succeeded", "failed", "cancelled"]
 
 RUN_STATUSES: Final = frozenset({"running", "suspended", "completed", "failed", "cancelled"})
 SETTLED_RUN_STATUSES: Final = frozenset({"completed", "failed", "cancelled"})
 STEP_STATUSES: Final = frozenset(
-    {"pending", "scheduled", "running", "succeeded", "failed", "cancelled"}
+    {"pending", "scheduled", "running", "lost", "succeeded", "failed", "cancelled"}
 )
 ATTEMPT_STATUSES: Final = STEP_STATUSES
 
 # An attempt only moves forward through these ranks; an outcome is final.
+# ``lost`` (set only by the reaper, from ``running``) ranks below ``running`` so
+# that a redelivery of the same attempt, or its late outcome, still moves it on.
 STATUS_RANK: Final[Mapping[str, int]] = {
     "pending": 0,
     "scheduled": 1,
-    "running": 2,
-    "succeeded": 3,
-    "failed": 3,
-    "cancelled": 3,
+    "lost": 2,
+    "running": 3,
+    "succeeded": 4,
+    "failed": 4,
+    "cancelled": 4,
 }
 
 
@@ -208,4 +213,71 @@ class WorkflowVersion:
             source=row["source"],
             status=row["status"],
             created_at=row["created_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAttempt:
+    """A step's current attempt that is ``running`` or ``lost``: what the reaper looks at."""
+
+    run_id: str
+    run_kind: str
+    step_id: str
+    step_name: str
+    rpc_name: str | None
+    data: Any
+    retries: int | None
+    attempt: int
+    status: str
+    task_id: str | None
+    worker: str | None
+    pid: int | None
+    delivery_count: int
+    running_at: dt.datetime | None
+    error: Mapping[str, Any] | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> OpenAttempt:
+        wire = row["wire"]
+        return cls(
+            run_id=row["workflow_run_id"],
+            run_kind=str(wire.get("type", "task")) if isinstance(wire, dict) else "task",
+            step_id=row["workflow_step_id"],
+            step_name=row["step_name"],
+            rpc_name=row["rpc_name"],
+            data=row["data"],
+            retries=row["retries"],
+            attempt=row["attempt"],
+            status=row["status"],
+            task_id=row["task_id"],
+            worker=row["worker"],
+            pid=row["pid"],
+            delivery_count=row["delivery_count"],
+            running_at=row["running_at"],
+            error=row["error"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StaleStep:
+    """A scheduled step whose message nobody has consumed for too long."""
+
+    run_id: str
+    step_id: str
+    step_name: str
+    rpc_name: str | None
+    attempt: int
+    scheduled_at: dt.datetime | None
+    eta: dt.datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> StaleStep:
+        return cls(
+            run_id=row["workflow_run_id"],
+            step_id=row["workflow_step_id"],
+            step_name=row["step_name"],
+            rpc_name=row["rpc_name"],
+            attempt=row["attempt"],
+            scheduled_at=row["scheduled_at"],
+            eta=row["eta"],
         )

@@ -33,6 +33,7 @@ from pikku_celery.store.models import (
     WorkflowVersion,
 )
 from pikku_celery.store.prune import StorePrune
+from pikku_celery.store.reap import StoreReap
 from pikku_celery.store.stats import StoreStats
 
 __all__ = ["UNSET", "WorkflowStore"]
@@ -42,7 +43,7 @@ _NEW_ATTEMPT_STATUSES: Final = frozenset({"pending", "scheduled", "running"})
 _VERSION_STATUSES: Final = frozenset({"draft", "active", "declined"})
 
 
-class WorkflowStore(ClaimWrites, StoreStats, StorePrune, StoreBase):
+class WorkflowStore(ClaimWrites, StoreReap, StoreStats, StorePrune, StoreBase):
     """Reads and writes workflow runs, steps and attempts in one SQL database.
 
     ``WorkflowStore("postgresql://...")``, ``WorkflowStore("sqlite:///pikku.db")``

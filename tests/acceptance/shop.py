@@ -111,6 +111,24 @@ def slow(seconds: float) -> str:
     return "slow done"
 
 
+def _first_attempt_hangs(task: Any, name: str, seconds: float) -> str:
+    journal(f"{name} start {os.getpid()} attempt {task.request.retries + 1}")
+    if task.request.retries == 0:
+        time.sleep(seconds)
+    return f"{name} done"
+
+
+# Acked on receipt: if the pool process dies, Celery will never deliver these again.
+@pikku.step(name="shop.lose_once", bind=True, acks_late=False, retries=1, retry_delay=0)
+def lose_once(self: Any, seconds: float) -> str:
+    return _first_attempt_hangs(self, "lose_once", seconds)
+
+
+@pikku.step(name="shop.lose_for_good", bind=True, acks_late=False, max_retries=0)
+def lose_for_good(self: Any, seconds: float) -> str:
+    return _first_attempt_hangs(self, "lose_for_good", seconds)
+
+
 @pikku.step(name="shop.noop")
 def noop() -> None:
     return None

@@ -1,0 +1,94 @@
+"""Store side of the stuck-attempt reaper: find open attempts, mark them lost, give up.
+
+Deciding *whether* an attempt is lost needs Celery (which workers answer,
+what they run); that lives in ``integration.reaper``. Here are only the
+guarded writes, so any number of reapers can run at once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+
+from pikku_celery.store import reap_queries as rq
+from pikku_celery.store.attempt_writes import AttemptWrites
+from pikku_celery.store.base import now
+from pikku_celery.store.models import OpenAttempt, StaleStep
+
+__all__ = ["StoreReap"]
+
+
+class StoreReap(AttemptWrites):
+    def open_attempts(
+        self, *, idle_for: float = 0.0, limit: int = 1000, conn: sa.Connection | None = None
+    ) -> list[OpenAttempt]:
+        """Current attempts that are ``running`` or ``lost`` and unchanged for ``idle_for`` s."""
+        before = now() - dt.timedelta(seconds=idle_for)
+        with self._read(conn) as c:
+            rows = c.execute(rq.open_attempts, {"before": before, "limit": limit}).mappings()
+            return [OpenAttempt.from_row(row) for row in rows]
+
+    def stale_scheduled(
+        self, *, older_than: float, limit: int = 1000, conn: sa.Connection | None = None
+    ) -> list[StaleStep]:
+        """Scheduled steps whose message nobody consumed for ``older_than`` seconds."""
+        before = now() - dt.timedelta(seconds=older_than)
+        with self._read(conn) as c:
+            rows = c.execute(rq.stale_scheduled, {"before": before, "limit": limit}).mappings()
+            return [StaleStep.from_row(row) for row in rows]
+
+    def mark_lost(
+        self,
+        step_id: str,
+        attempt: int,
+        delivery_count: int,
+        error: Mapping[str, Any],
+        *,
+        conn: sa.Connection | None = None,
+    ) -> bool:
+        """``running`` -> ``lost`` for exactly the delivery seen; True if this call moved it."""
+        params = {
+            "step_id": step_id,
+            "attempt_no": attempt,
+            "seen_deliveries": delivery_count,
+            "error": self._error_json(dict(error)),
+            "now": now(),
+        }
+        with self._tx(conn) as c:
+            if c.execute(rq.lose_attempt, params).rowcount == 0:
+                return False
+            c.execute(rq.lose_step, params)
+        return True
+
+    def give_up_lost(
+        self,
+        run_id: str,
+        step_id: str,
+        attempt: int,
+        error: Mapping[str, Any],
+        *,
+        retry: bool,
+        settle_run: bool,
+        conn: sa.Connection | None = None,
+    ) -> bool:
+        """Nothing will redeliver lost attempt K: schedule K+1 (``retry``) or fail the step.
+
+        True if this call did it; the caller then publishes attempt K+1, or
+        lets the run's owner react to the failure. With ``settle_run`` the run
+        fails with the step.
+        """
+        document = self._error_json(dict(error))
+        params = {"step_id": step_id, "attempt_no": attempt, "error": document, "now": now()}
+        with self._tx(conn) as c:
+            if c.execute(rq.give_up_step, params).rowcount == 0:
+                return False
+            if retry:
+                self.record_attempt(
+                    step_id, attempt + 1, "scheduled", reason="lost", task_id=step_id, conn=c
+                )
+            elif settle_run:
+                self.settle_run(run_id, "failed", dict(error), conn=c)
+        return True

@@ -1,0 +1,111 @@
+"""Statements for the stuck-attempt reaper and the stale-message report.
+
+Every write here is guarded on what the reaper saw (the attempt number, its
+status, its delivery count), so reapers on several machines at once agree:
+one of them moves an attempt, the others change nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import sqlalchemy as sa
+
+from pikku_celery.schema import workflow_runs as runs
+from pikku_celery.schema import workflow_step as steps
+from pikku_celery.schema import workflow_step_history as history
+
+__all__ = ["give_up_step", "lose_attempt", "lose_step", "open_attempts", "stale_scheduled"]
+
+P = sa.bindparam
+
+_current = sa.and_(
+    history.c.workflow_step_id == steps.c.workflow_step_id,
+    history.c.attempt == sa.func.coalesce(steps.c.current_attempt, 1),
+)
+
+# The status filter matches the partial index's condition, so the scan stays
+# inside the unfinished steps.
+open_attempts: Final = (
+    sa.select(
+        steps.c.workflow_run_id,
+        runs.c.wire,
+        steps.c.workflow_step_id,
+        steps.c.step_name,
+        steps.c.rpc_name,
+        steps.c.data,
+        steps.c.retries,
+        history.c.attempt,
+        history.c.status,
+        history.c.task_id,
+        history.c.worker,
+        history.c.pid,
+        history.c.delivery_count,
+        history.c.running_at,
+        history.c.error,
+    )
+    .select_from(steps.join(history, _current).join(runs))
+    .where(
+        steps.c.status.in_(("running", "lost")),
+        history.c.status.in_(("running", "lost")),
+        steps.c.updated_at < P("before"),
+    )
+    .order_by(steps.c.updated_at)
+    .limit(P("limit"))
+)
+
+stale_scheduled: Final = (
+    sa.select(
+        steps.c.workflow_run_id,
+        steps.c.workflow_step_id,
+        steps.c.step_name,
+        steps.c.rpc_name,
+        history.c.attempt,
+        history.c.scheduled_at,
+        history.c.eta,
+    )
+    .select_from(steps.join(history, _current))
+    .where(
+        steps.c.status == "scheduled",
+        steps.c.updated_at < P("before"),
+        # A message held back on purpose (countdown, ETA) is not late until then.
+        sa.or_(history.c.eta.is_(None), history.c.eta < P("before")),
+    )
+    .order_by(steps.c.updated_at)
+    .limit(P("limit"))
+)
+
+# running -> lost, only for the delivery the reaper looked at: a redelivery
+# that started meanwhile has a higher count and is left alone.
+lose_attempt: Final = (
+    sa.update(history)
+    .where(
+        history.c.workflow_step_id == P("step_id"),
+        history.c.attempt == P("attempt_no"),
+        history.c.status == "running",
+        history.c.delivery_count == P("seen_deliveries"),
+    )
+    # No outcome time: a lost attempt may still be redelivered and finish.
+    .values(status="lost", error=P("error"))
+)
+
+lose_step: Final = (
+    sa.update(steps)
+    .where(
+        steps.c.workflow_step_id == P("step_id"),
+        sa.func.coalesce(steps.c.current_attempt, 1) == P("attempt_no"),
+        steps.c.status == "running",
+    )
+    .values(status="lost", error=P("error"), updated_at=P("now"))
+)
+
+# lost -> failed for good; the attempt row keeps saying it was lost.
+give_up_step: Final = (
+    sa.update(steps)
+    .where(
+        steps.c.workflow_step_id == P("step_id"),
+        sa.func.coalesce(steps.c.current_attempt, 1) == P("attempt_no"),
+        steps.c.status == "lost",
+    )
+    .values(status="failed", error=P("error"), result=None, updated_at=P("now"))
+)

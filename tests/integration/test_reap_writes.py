@@ -1,0 +1,132 @@
+"""The reaper's guarded writes: lost once, redelivered onward, given up once."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+from pikku_celery import WorkflowStore
+from pikku_celery.store.attempt_writes import NewRun
+
+LOST = {"type": "pikku_celery.WorkerLost", "message": "gone", "worker": "w1@host"}
+
+
+def running_step(store: WorkflowStore, *, retries: int | None = 1) -> tuple[str, str]:
+    run_id, step_id = str(uuid.uuid4()), str(uuid.uuid4())
+    store.schedule_step(
+        run_id,
+        step_id,
+        "charge",
+        "shop.charge",
+        {"args": [1], "kwargs": {}},
+        retries=retries,
+        new_run=NewRun("charge", {}, {"type": "task"}),
+    )
+    store.record_attempt(step_id, 1, "running", worker="w1@host", pid=7, task_id=step_id)
+    return run_id, step_id
+
+
+def test_open_attempts_lists_current_running_attempts_with_what_the_reaper_needs(
+    store: WorkflowStore,
+) -> None:
+    run_id, step_id = running_step(store)
+    done_run, done_step = running_step(store)
+    store.record_attempt(done_step, 1, "succeeded", result=1)
+    [found] = [a for a in store.open_attempts() if a.run_id in (run_id, done_run)]
+    assert (found.step_id, found.attempt, found.status, found.worker, found.pid) == (
+        step_id,
+        1,
+        "running",
+        "w1@host",
+        7,
+    )
+    assert (found.run_kind, found.rpc_name, found.retries, found.delivery_count) == (
+        "task",
+        "shop.charge",
+        1,
+        1,
+    )
+    assert found.data == {"args": [1], "kwargs": {}}
+    # Not idle for an hour yet: not a candidate.
+    assert step_id not in [a.step_id for a in store.open_attempts(idle_for=3600)]
+
+
+def test_an_attempt_is_lost_once_and_only_for_the_delivery_that_was_seen(
+    store: WorkflowStore,
+) -> None:
+    run_id, step_id = running_step(store)
+    assert not store.mark_lost(step_id, 1, 2, LOST)  # a redelivery the reaper never saw
+    assert store.mark_lost(step_id, 1, 1, LOST)
+    assert not store.mark_lost(step_id, 1, 1, LOST)  # a second reaper changes nothing
+    step = store.get_step_state(run_id, "charge")
+    assert (step.status, step.error and step.error["worker"]) == ("lost", "w1@host")
+    [attempt] = store.get_run_history(run_id)
+    assert (attempt.status, attempt.failed_at) == ("lost", None)
+    assert store.get_run(run_id).status == "running"
+
+
+def test_a_redelivery_continues_a_lost_attempt_and_its_outcome_clears_the_loss(
+    store: WorkflowStore,
+) -> None:
+    run_id, step_id = running_step(store)
+    assert store.mark_lost(step_id, 1, 1, LOST)
+    store.record_attempt(step_id, 1, "running", worker="w2@host", pid=8, task_id=step_id)
+    [attempt] = store.get_run_history(run_id)
+    assert (attempt.status, attempt.delivery_count, attempt.worker) == ("running", 2, "w2@host")
+    assert store.get_step_state(run_id, "charge").status == "running"
+    store.record_attempt(step_id, 1, "succeeded", result="ok")
+    store.complete_run_if_done(run_id)
+    [attempt] = store.get_run_history(run_id)
+    assert (attempt.status, attempt.error, attempt.result) == ("succeeded", None, "ok")
+    assert store.get_run(run_id).status == "completed"
+
+
+def test_giving_up_with_retries_left_schedules_a_new_attempt_once(store: WorkflowStore) -> None:
+    run_id, step_id = running_step(store)
+    store.mark_lost(step_id, 1, 1, LOST)
+    assert store.give_up_lost(run_id, step_id, 1, LOST, retry=True, settle_run=True)
+    assert not store.give_up_lost(run_id, step_id, 1, LOST, retry=True, settle_run=True)
+    history = store.get_run_history(run_id)
+    assert [(a.attempt, a.status, a.reason) for a in history] == [
+        (1, "lost", "first"),
+        (2, "scheduled", "lost"),
+    ]
+    step = store.get_step_state(run_id, "charge")
+    assert (step.status, step.attempt_count, step.error) == ("scheduled", 2, None)
+    assert store.get_run(run_id).status == "running"
+
+
+def test_giving_up_for_good_fails_the_step_and_the_run(store: WorkflowStore) -> None:
+    run_id, step_id = running_step(store, retries=0)
+    store.mark_lost(step_id, 1, 1, LOST)
+    assert store.give_up_lost(run_id, step_id, 1, LOST, retry=False, settle_run=True)
+    step = store.get_step_state(run_id, "charge")
+    assert (step.status, step.error and step.error["type"]) == ("failed", LOST["type"])
+    run = store.get_run(run_id)
+    assert (run.status, run.error and run.error["message"]) == ("failed", "gone")
+    [attempt] = store.get_run_history(run_id)
+    assert attempt.status == "lost"  # the history still says what happened
+
+
+def test_only_an_attempt_still_lost_is_given_up(store: WorkflowStore) -> None:
+    run_id, step_id = running_step(store)
+    store.mark_lost(step_id, 1, 1, LOST)
+    store.record_attempt(step_id, 1, "running", worker="w2@host", task_id=step_id)  # redelivered
+    assert not store.give_up_lost(run_id, step_id, 1, LOST, retry=False, settle_run=True)
+    assert store.get_run(run_id).status == "running"
+
+
+def test_stale_scheduled_lists_old_messages_but_not_ones_held_back_on_purpose(
+    store: WorkflowStore,
+) -> None:
+    run_id, step_id = str(uuid.uuid4()), str(uuid.uuid4())
+    later_run, later_step = str(uuid.uuid4()), str(uuid.uuid4())
+    store.schedule_step(run_id, step_id, "a", "shop.a", {}, new_run=NewRun("a", {}))
+    future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    store.schedule_step(
+        later_run, later_step, "b", "shop.b", {}, eta=future, new_run=NewRun("b", {})
+    )
+    stale = {s.step_id: s for s in store.stale_scheduled(older_than=0)}
+    assert step_id in stale and later_step not in stale
+    assert (stale[step_id].step_name, stale[step_id].attempt) == ("a", 1)
+    assert step_id not in [s.step_id for s in store.stale_scheduled(older_than=3600)]
