@@ -32,7 +32,10 @@ class PikkuCelery:
 
     The database URL comes from the argument, else ``app.conf.pikku_database_url``,
     else ``PIKKU_DATABASE_URL``, else ``sqlite:///pikku.db``. Nothing connects
-    until the first event; connections are made per worker process.
+    until the first event; connections are made per worker process. While the
+    database is unreachable, events wait in a local spool (``spool_dir``, else
+    ``app.conf.pikku_spool_dir``, else ``PIKKU_SPOOL_DIR``, else
+    ``~/.local/state/pikku-celery/spool``) and are written when it is back.
     """
 
     def __init__(
@@ -41,6 +44,7 @@ class PikkuCelery:
         database_url: str | None = None,
         *,
         store: WorkflowStore | None = None,
+        spool_dir: str | None = None,
     ) -> None:
         if store is not None and database_url is not None:
             raise ConfigurationError("Pass either database_url or store, not both.")
@@ -53,7 +57,9 @@ class PikkuCelery:
                 or DEFAULT_DATABASE_URL
             )
             store = WorkflowStore(url)
-        self.mirror = CeleryMirror(store)
+        self.mirror = CeleryMirror(
+            store, spool_dir=spool_dir or app.conf.get("pikku_spool_dir") or None
+        )
         self.workflows = WorkflowEngine(app, self.mirror)
         # Flower and `celery events` see every task and every retry.
         app.conf.worker_send_task_events = True

@@ -11,6 +11,7 @@ import contextvars
 import datetime as dt
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -293,8 +294,18 @@ def worker_process_init(**_: Any) -> None:
 
 
 @_isolated
+def worker_process_shutdown(**_: Any) -> None:
+    for pikku in registry.values():
+        pikku.mirror.close()
+
+
+@_isolated
 def worker_ready(**_: Any) -> None:
     for pikku in registry.values():
+        # Events a killed or stopped process of this machine left in its spool.
+        threading.Thread(
+            target=pikku.mirror.adopt_orphans, name="pikku-celery-adopt", daemon=True
+        ).start()
         pikku.workflows.recover()
 
 
@@ -306,5 +317,6 @@ _HANDLERS: Final[list[tuple[Any, Callable[..., None]]]] = [
     (signals.task_failure, task_failure),
     (signals.task_revoked, task_revoked),
     (signals.worker_process_init, worker_process_init),
+    (signals.worker_process_shutdown, worker_process_shutdown),
     (signals.worker_ready, worker_ready),
 ]

@@ -201,9 +201,15 @@ class StoreBase:
                 with (self._autocommit or self.engine).connect() as own:
                     yield own
 
-    def transaction(self) -> Any:
-        """A transaction to pass as ``conn=`` so several writes commit together."""
-        return self.engine.begin()
+    @contextmanager
+    def transaction(self) -> Iterator[sa.Connection]:
+        """A transaction to pass as ``conn=`` so several writes commit together.
+
+        Failing to connect or to commit raises the same typed errors as any
+        store call (``StoreUnavailable`` when the database cannot be reached).
+        """
+        with self._errors(), self.engine.begin() as conn:
+            yield conn
 
     def _run_compiled(
         self, conn: sa.Connection, statement: sa.Executable, params: dict[str, Any]

@@ -129,6 +129,15 @@ def lose_for_good(self: Any, seconds: float) -> str:
     return _first_attempt_hangs(self, "lose_for_good", seconds)
 
 
+# Every fifth one retries once: the outage test checks each transition against this journal.
+@pikku.step(name="shop.outage_step", bind=True, max_retries=3)
+def outage_step(self: Any, n: int) -> int:
+    journal(f"outage_step {n} attempt {self.request.retries + 1}")
+    if n % 5 == 0 and self.request.retries == 0:
+        raise self.retry(countdown=0)
+    return n
+
+
 @pikku.step(name="shop.noop")
 def noop() -> None:
     return None
@@ -253,3 +262,44 @@ def parked_flow(ctx: Any) -> None:
 def versioned(ctx: Any) -> int:
     ctx.do("wait", slow, 1.0)
     return int(ctx.do("add", add, 20, 22))
+
+
+# --- broker faults and soak ---
+
+
+def _journal_attempt(task: Any) -> None:
+    # Keyed by task id and attempt, so a test can hold each mirrored attempt's
+    # delivery count against how often the attempt really ran.
+    journal(f"{task.name} {task.request.id} {task.request.retries + 1}")
+
+
+@pikku.step(name="shop.tick", bind=True)
+def tick(self: Any, value: Any) -> Any:
+    _journal_attempt(self)
+    return value
+
+
+@pikku.step(name="shop.wobbly", bind=True, max_retries=5)
+def wobbly(self: Any, value: Any, fails: int) -> Any:
+    _journal_attempt(self)
+    if self.request.retries < fails:
+        raise self.retry(exc=ConnectionError("upstream busy"), countdown=0)
+    return value
+
+
+@pikku.step(name="shop.linger", bind=True, acks_late=True, max_retries=3)
+def linger(self: Any, value: Any, seconds: float, fails: int = 0) -> Any:
+    """Long enough on its first attempt to be in flight while the broker goes away."""
+    _journal_attempt(self)
+    if self.request.retries == 0:
+        time.sleep(seconds)
+    if self.request.retries < fails:
+        raise self.retry(exc=ConnectionError("upstream busy"), countdown=0)
+    return value
+
+
+# No result backend writes: ten thousand results would only fill the shared Redis.
+@pikku.step(name="shop.soak", bind=True, max_retries=1, ignore_result=True)
+def soak(self: Any, retry: bool) -> None:
+    if retry and self.request.retries == 0:
+        raise self.retry(countdown=0)
