@@ -138,12 +138,12 @@ def orphaned_spools(folder: Path) -> Iterator[Spool]:
         yield spool
 
 
-def spool_depth(root: Path) -> int:
-    """Events waiting in every spool under ``root`` (for metrics and the CLI)."""
+def spool_depth(root: Path, *, only: str = "*") -> int:
+    """Events waiting in every spool under ``root`` (or its database folder ``only``)."""
     total = 0
     if not root.is_dir():
         return 0
-    for path in root.glob(f"*/*{_SUFFIX}"):
+    for path in root.glob(f"{only}/*{_SUFFIX}"):
         try:
             with contextlib.closing(
                 sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1)

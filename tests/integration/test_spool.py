@@ -155,3 +155,33 @@ def test_a_spool_is_locked_to_its_owner_and_keeps_order(tmp_path: Path) -> None:
     assert spool.depth() == 2
     spool.close()
     assert (tmp_path / "me.spool").exists()  # not empty: kept for whoever adopts it
+
+
+def test_spool_command_counts_and_replays_left_over_events(
+    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pikku_celery.cli import main
+
+    store = WorkflowStore(pg_url)
+    mirror = CeleryMirror(store, spool_dir=tmp_path)
+    step_id = str(uuid.uuid4())
+    left = Spool(mirror.spool_folder / "gone-1.spool")
+    event = {
+        "run_id": step_id,
+        "step_id": step_id,
+        "step_name": "ship",
+        "rpc_name": "shop.ship",
+        "data": {},
+        "new_run": {"workflow": "shop.ship", "input": {}, "wire": None},
+        "eta": None,
+    }
+    left.append("published", json.dumps(event))
+    left.close(delete_if_empty=False)
+    base = ["--database-url", pg_url, "spool", "--spool-dir", str(tmp_path)]
+    assert main(base) == 0
+    assert "1 mirror events wait in 1 spool files" in capsys.readouterr().out
+    assert main([*base, "--replay"]) == 0
+    out = capsys.readouterr().out
+    assert "Replayed 1 events" in out and "0 still wait" in out
+    assert store.get_step_state(step_id, "ship").status == "scheduled"
+    store.close()
