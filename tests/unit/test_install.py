@@ -54,3 +54,30 @@ def test_step_is_a_real_celery_task_with_celery_retries(tmp_path: Path) -> None:
 
     assert ship.step_name_for(ship.name) == "ship-it"
     del pikku_signals.registry[id(app)]
+
+
+def test_reap_every_schedules_the_reaper_in_celery_beat(tmp_path: Path) -> None:
+    app = Celery("beat", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {"mine": {"task": "x", "schedule": 5.0}}
+    pikku = PikkuCelery(app, f"sqlite:///{tmp_path / 'b.db'}")
+    pikku.reap_every(30.0, idle_for=60)
+    schedule = app.conf.beat_schedule
+    assert schedule["mine"] == {"task": "x", "schedule": 5.0}  # the user's entries stay
+    assert schedule["pikku_celery.reap"] == {
+        "task": "pikku_celery.reap",
+        "schedule": 30.0,
+        "kwargs": {"idle_for": 60},
+        "options": {"expires": 30.0},
+    }
+    assert "pikku_celery.reap" in app.tasks  # a worker of this app runs it
+
+
+def test_the_spool_folder_is_per_database_and_configurable(tmp_path: Path) -> None:
+    app = Celery("spool", broker="memory://", set_as_current=False)
+    app.conf.pikku_spool_dir = str(tmp_path / "conf")
+    one = PikkuCelery(app, f"sqlite:///{tmp_path / 'one.db'}")
+    two = PikkuCelery(app, f"sqlite:///{tmp_path / 'two.db'}")
+    assert one.mirror.spool_folder.parent == tmp_path / "conf"
+    assert one.mirror.spool_folder != two.mirror.spool_folder
+    three = PikkuCelery(app, f"sqlite:///{tmp_path / 'one.db'}", spool_dir=str(tmp_path / "arg"))
+    assert three.mirror.spool_folder.parent == tmp_path / "arg"
