@@ -457,8 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard = commands.add_parser(
         "dashboard",
         help="serve the web dashboard, its JSON API and /metrics",
-        epilog="Run actions need a password (HTTP Basic, any user name) "
-        "[env: PIKKU_DASHBOARD_PASSWORD]; without one the dashboard is read-only.",
+        epilog="A password [env: PIKKU_DASHBOARD_PASSWORD] puts every page and /api/ "
+        "document behind HTTP Basic sign-in (any user name) and turns on run actions; "
+        "/healthz and /metrics stay open. Without one the dashboard is read-only and "
+        "anyone who reaches it can read every run.",
     )
     dashboard.add_argument(
         "--host",

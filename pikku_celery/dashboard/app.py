@@ -6,6 +6,8 @@ passed in, and every request reads through the store.
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -21,6 +23,11 @@ from pikku_celery.errors import ConfigurationError, StoreError
 from pikku_celery.store import WorkflowStore
 
 __all__ = ["create_app"]
+
+STALE_AFTER_ENV: Final = "PIKKU_STALE_AFTER"
+DEFAULT_STALE_AFTER: Final = 600.0
+# Past a year the threshold means "never"; bounding it keeps the time arithmetic finite.
+_MAX_STALE_AFTER: Final = 366 * 86400.0
 
 # No script runs on these pages, so none may; nor may another site frame them
 # to trick a click on an action button.
@@ -65,19 +72,46 @@ def _flower(url: str | None) -> str | None:
     return url.rstrip("/")
 
 
+def _stale_after(value: float | None) -> float:
+    if value is not None:
+        source, given = "stale_after", repr(value)
+    else:
+        raw = os.environ.get(STALE_AFTER_ENV, "").strip()
+        if not raw:
+            return DEFAULT_STALE_AFTER
+        source, given = STALE_AFTER_ENV, repr(raw)
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+    if not 0 < value <= _MAX_STALE_AFTER:
+        raise ConfigurationError(
+            f"{source} is how many seconds a scheduled step may wait for a worker before it "
+            f"is reported, like 600; it must be above 0 and at most a year, not {given}."
+        )
+    return value
+
+
 def create_app(
     store: WorkflowStore,
     *,
     actions: RunActions | None = None,
     flower_url: str | None = None,
     auth_token: str | None = None,
+    stale_after: float | None = None,
 ) -> Starlette:
     """The dashboard for ``store``.
 
-    ``auth_token`` is the password that signs in (HTTP Basic, any user name);
-    without it the dashboard is read-only. ``actions`` adds resume, rerun and
-    cancel buttons (delete uses the store). ``flower_url`` links every attempt
-    to Flower's page of its Celery task.
+    ``auth_token`` is the password (HTTP Basic, any user name). With it,
+    every page, every ``/api/`` document and every action needs it; only
+    ``/healthz`` and ``/metrics`` (counts, no run data) stay open. Without it
+    the dashboard is read-only and anyone who reaches it can read every run.
+
+    ``actions`` adds resume, rerun and cancel buttons (delete uses the store).
+    ``flower_url`` links every attempt to Flower's page of its Celery task.
+    ``stale_after`` is how many seconds a scheduled step may wait for a worker
+    before the runs page and ``/metrics`` report it (default: the
+    ``PIKKU_STALE_AFTER`` environment variable, else 600).
     """
     dashboard = Dashboard(
         store=store,
@@ -85,6 +119,7 @@ def create_app(
         flower_url=_flower(flower_url),
         auth=DashboardAuth(auth_token),
         templates=make_templates(),
+        stale_after=_stale_after(stale_after),
     )
     views = Views(dashboard)
     return Starlette(

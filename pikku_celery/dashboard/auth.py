@@ -1,4 +1,8 @@
-"""HTTP Basic sign-in for actions, and CSRF tokens for the forms that post them.
+"""HTTP Basic sign-in for every page and API document, and CSRF tokens for the action forms.
+
+With a password, runs' input, output, errors and state are only shown to a
+signed-in browser or client; without one nothing can sign in and the
+dashboard is open and read-only.
 
 Browsers resend Basic credentials on any request to the site, including a form
 another site posts, so every action form also carries a token: an HMAC, under
@@ -17,12 +21,18 @@ from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["CSRF_COOKIE", "CSRF_FIELD", "DashboardAuth"]
+__all__ = ["CSRF_COOKIE", "CSRF_FIELD", "SIGN_IN", "DashboardAuth", "RequireSignIn"]
 
 CSRF_COOKIE: Final = "pikku_csrf"
 CSRF_FIELD: Final = "csrf_token"
 REALM: Final = "pikku-celery dashboard"
+SIGN_IN: Final = (
+    "Sign in to see this dashboard: HTTP Basic auth with any user name and the dashboard "
+    "password (PIKKU_DASHBOARD_PASSWORD). A browser asks for it; with curl, pass "
+    "-u any:PASSWORD.\n"
+)
 
 
 class DashboardAuth:
@@ -85,6 +95,25 @@ class DashboardAuth:
         if not nonce or not submitted or not _same_origin(request):
             return False
         return hmac.compare_digest(submitted.encode("utf-8"), self.token_for(nonce).encode("utf-8"))
+
+
+class RequireSignIn:
+    """Answers 401 to every request not signed in, when a password is set.
+
+    Wraps all the routes that show runs, so a route added later is behind the
+    password unless it is put outside on purpose.
+    """
+
+    def __init__(self, app: ASGIApp, auth: DashboardAuth) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.auth.enabled:
+            if not self.auth.signed_in(Request(scope)):
+                await self.auth.challenge(SIGN_IN)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _same_origin(request: Request) -> bool:

@@ -14,6 +14,7 @@ from starlette.responses import HTMLResponse
 
 from pikku_celery.dashboard.actions import RunActions
 from pikku_celery.dashboard.auth import CSRF_FIELD, DashboardAuth
+from pikku_celery.integration.reaper import LOST_ERROR_TYPE
 from pikku_celery.store import WorkflowStore
 
 __all__ = ["Dashboard", "make_templates"]
@@ -31,6 +32,14 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
+def _age(seconds: float) -> str:
+    """A threshold in the unit people set it in: "90 s", "10 min", "2 h", "1.5 h"."""
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
 def _short(value: Any, width: int = 80) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     text = " ".join(text.split())
@@ -44,7 +53,8 @@ def make_templates() -> jinja2.Environment:
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(when=_when, took=_took, pretty=_pretty, short=_short)
+    env.filters.update(when=_when, took=_took, pretty=_pretty, short=_short, age=_age)
+    env.globals["lost_error_type"] = LOST_ERROR_TYPE
     return env
 
 
@@ -57,6 +67,8 @@ class Dashboard:
     flower_url: str | None
     auth: DashboardAuth
     templates: jinja2.Environment
+    # A scheduled step nobody has started for this long is reported as stale.
+    stale_after: float = 600.0
     refresh_seconds: int = 5
 
     @staticmethod

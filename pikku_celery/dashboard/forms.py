@@ -1,8 +1,8 @@
 """The action forms: resume, rerun from a step, cancel and delete a run.
 
-Each POST needs a configured password, the browser signed in with it, and the
-form's CSRF token; only then is the injected ``RunActions`` (or, for delete,
-the store) called.
+Each POST needs a configured password, the browser signed in with it (checked
+here as well as in front of every route), and the form's CSRF token; only
+then is the injected ``RunActions`` (or, for delete, the store) called.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from pikku_celery.dashboard.auth import CSRF_FIELD
+from pikku_celery.dashboard.auth import CSRF_FIELD, SIGN_IN
 from pikku_celery.dashboard.context import Dashboard
 from pikku_celery.errors import NotFoundError, PikkuCeleryError, RunNotFound
 
@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 
 ACTIONS_OFF: Final = (
     "Run actions are off because no dashboard password is set. Set PIKKU_DASHBOARD_PASSWORD "
-    "(or pass auth_token= to create_app) and sign in to resume, rerun, cancel or delete runs."
+    "(or pass auth_token= to create_app) and sign in to resume, rerun, cancel or delete runs; "
+    "the password then also guards every page and the API."
 )
 
 
@@ -49,7 +50,7 @@ class ActionForms:
         if not auth.enabled:
             return self._refuse(request, 403, "Actions are off", ACTIONS_OFF)
         if not auth.signed_in(request):
-            return auth.challenge("Sign in with the dashboard password (any user name).")
+            return auth.challenge(SIGN_IN)
         async with request.form(max_files=0, max_fields=10) as form:
             token = form.get(CSRF_FIELD)
             step = form.get("step")

@@ -3,6 +3,9 @@
 Everything is counted in SQL at scrape time, so the figures survive restarts
 of the dashboard and agree across several of them. They are gauges: deleting
 or pruning runs makes them go down.
+
+Only counts, by status and by task (else step) name, are exposed: no run id,
+input or output, which is why the endpoint stays open behind a password.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Final
 
 from pikku_celery.store import WorkflowStore
 from pikku_celery.store.models import RUN_STATUSES
-from pikku_celery.store.stats import AttemptCount, AttemptTotals
+from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts
 
 __all__ = ["CONTENT_TYPE", "collect_metrics", "escape_label", "format_metrics"]
 
@@ -37,6 +40,9 @@ def format_metrics(
     attempts: Iterable[AttemptCount],
     totals: AttemptTotals,
     oldest_running_age: float | None,
+    *,
+    open_steps: OpenStepCounts,
+    stale_after: float,
 ) -> str:
     lines = _family("pikku_runs", "Workflow runs in the database, by status.")
     # Every status is listed, zero included, so a series never vanishes.
@@ -62,13 +68,28 @@ def format_metrics(
         "Seconds since the oldest attempt still running started (0 when none is running).",
     )
     lines.append(f"pikku_oldest_running_attempt_age_seconds {_number(oldest_running_age or 0.0)}")
+    lines += _family(
+        "pikku_celery_steps_lost",
+        "Steps whose attempt was lost with its worker and is neither redelivered nor retried "
+        "yet; run `pikku-celery reap` if it does not go down.",
+    )
+    lines.append(f"pikku_celery_steps_lost {open_steps.lost}")
+    threshold = _number(int(stale_after) if float(stale_after).is_integer() else stale_after)
+    lines += _family(
+        "pikku_celery_steps_scheduled_stale",
+        f"Steps scheduled over {threshold} seconds ago (PIKKU_STALE_AFTER), ETA included, "
+        "that no worker has started: is a worker consuming their queue?",
+    )
+    lines.append(f"pikku_celery_steps_scheduled_stale {open_steps.stale_scheduled}")
     return "\n".join(lines) + "\n"
 
 
-def collect_metrics(store: WorkflowStore) -> str:
+def collect_metrics(store: WorkflowStore, *, stale_after: float) -> str:
     return format_metrics(
         store.run_counts(),
         store.attempt_counts(),
         store.attempt_totals(),
         store.oldest_running_attempt_age(),
+        open_steps=store.count_open_steps(stale_after),
+        stale_after=stale_after,
     )

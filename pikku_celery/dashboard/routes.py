@@ -1,4 +1,8 @@
-"""The pages, the JSON API under ``/api/`` and ``/metrics``: reads only, through the store."""
+"""The pages, the JSON API under ``/api/``, ``/metrics`` and ``/healthz``: reads, through the store.
+
+With a password, everything but ``/metrics`` (counts only) and ``/healthz``
+needs it, reads included: pages and API documents show runs' input and output.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,12 @@ import logging
 import math
 
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
 
+from pikku_celery.dashboard.auth import SIGN_IN, RequireSignIn
 from pikku_celery.dashboard.context import Dashboard
 from pikku_celery.dashboard.filters import RunFilters
 from pikku_celery.dashboard.forms import ActionForms
@@ -21,7 +27,7 @@ from pikku_celery.dashboard.payloads import (
     step_json,
 )
 from pikku_celery.dashboard.timeline import render_timeline
-from pikku_celery.errors import InvalidStatus, NotFoundError, RunNotFound
+from pikku_celery.errors import InvalidStatus, NotFoundError, RunNotFound, StoreError
 from pikku_celery.store import WorkflowRun
 from pikku_celery.store.base import now
 from pikku_celery.store.models import RUN_STATUSES
@@ -42,15 +48,25 @@ class Views:
         self.forms = ActionForms(dashboard)
 
     def routes(self) -> list[BaseRoute]:
-        return [
+        signed_in_only = [
             Route("/", self.runs_page, name="runs"),
             # Before the run page: "/runs/<id>/cancel" is a POST of that run's form.
             Route("/runs/{run_id:path}/{action}", self.forms.post, methods=["POST"]),
             Route("/runs/{run_id:path}", self.run_page, name="run"),
             Route("/api/runs", self.api_runs, name="api_runs"),
             Route("/api/runs/{run_id:path}", self.api_run, name="api_run"),
-            Route("/metrics", self.metrics, name="metrics"),
             Route("/login", self.login, name="login"),
+        ]
+        return [
+            # Open to monitoring without the password: neither shows a run id or run data.
+            Route("/healthz", self.healthz, name="healthz"),
+            Route("/metrics", self.metrics, name="metrics"),
+            # Everything else, any path a later change adds included, is behind it.
+            Mount(
+                "",
+                routes=signed_in_only,
+                middleware=[Middleware(RequireSignIn, auth=self.d.auth)],
+            ),
         ]
 
     # --- shared ------------------------------------------------------------
@@ -106,6 +122,7 @@ class Views:
             else:
                 return RedirectResponse(self.d.run_url(request, f.q), status_code=303)
         runs, total = self._runs(f)
+        store = self.d.store
         pages = max(1, math.ceil(total / f.limit))
         moving = any(run.status == "running" for run in runs)
         root = self.d.root(request)
@@ -116,7 +133,7 @@ class Views:
             total=total,
             filters=f,
             statuses=sorted(RUN_STATUSES),
-            workflows=self.d.store.workflow_names(),
+            workflows=store.workflow_names(),
             page=f.offset // f.limit + 1,
             pages=pages,
             prev_url=f"{root}/{f.query(offset=max(0, f.offset - f.limit))}"
@@ -127,6 +144,9 @@ class Views:
             else None,
             deleted=request.query_params.get("deleted"),
             refresh=self.d.refresh_seconds if moving else 0,
+            open_steps=store.count_open_steps(self.d.stale_after),
+            stale_after=self.d.stale_after,
+            lost=store.lost_steps_by_run(run.run_id for run in runs),
         )
 
     def run_page(self, request: Request) -> Response:
@@ -160,7 +180,7 @@ class Views:
                 "on sign-in and run actions.",
             )
         if not self.d.auth.signed_in(request):
-            return self.d.auth.challenge("Sign in with the dashboard password (any user name).")
+            return self.d.auth.challenge(SIGN_IN)
         target = request.query_params.get("next", "")
         if not _local_path(target):
             target = f"{self.d.root(request)}/"
@@ -198,4 +218,18 @@ class Views:
         return JSONResponse({"run": run_json(run), "steps": steps})
 
     def metrics(self, request: Request) -> Response:
-        return Response(collect_metrics(self.d.store), media_type=CONTENT_TYPE)
+        return Response(
+            collect_metrics(self.d.store, stale_after=self.d.stale_after), media_type=CONTENT_TYPE
+        )
+
+    def healthz(self, request: Request) -> Response:
+        """200 while the dashboard can read its database; for container and load-balancer checks."""
+        try:
+            self.d.store.schema_revision()
+        except StoreError as exc:
+            logger.warning(
+                "dashboard health check failed: %s", exc, extra={"action": "dashboard_unhealthy"}
+            )
+            # The reason goes to the log, not to whoever asks without a password.
+            return PlainTextResponse("unavailable: the database cannot be read\n", status_code=503)
+        return PlainTextResponse("ok\n")

@@ -2,8 +2,9 @@
 
 One row per attempt. A thin bar spans the wait from being scheduled to
 starting, a thick bar the run from starting to its outcome (to now while it
-still runs), colored by status. Every text is escaped here, since the SVG is
-put into the page as markup.
+still runs; to when the reaper found it gone for a lost one), colored by
+status. Every text is escaped here, since the SVG is put into the page as
+markup.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from markupsafe import Markup
 
 from pikku_celery.store import StepAttempt
 
-__all__ = ["STATUS_COLORS", "render_timeline"]
+__all__ = ["STATUS_COLORS", "lost_at", "render_timeline"]
 
 STATUS_COLORS: Final = {
     "succeeded": "#2e9e5b",
     "failed": "#d64545",
     "cancelled": "#7a7a7a",
     "running": "#2f7bd6",
+    "lost": "#8e44ad",
     "scheduled": "#c9a227",
     "pending": "#b0b0b0",
 }
@@ -52,12 +54,31 @@ def _start(attempt: StepAttempt) -> dt.datetime:
     return min(known) if known else attempt.created_at
 
 
+def lost_at(attempt: StepAttempt) -> dt.datetime | None:
+    """When the reaper found a lost attempt's worker gone, from the error it stored."""
+    if attempt.status != "lost" or not attempt.error:
+        return None
+    raw = attempt.error.get("lost_at")
+    if not isinstance(raw, str):
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(raw)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+
+
 def _end(attempt: StepAttempt, now: dt.datetime) -> dt.datetime:
     if attempt.ended_at is not None:
         return attempt.ended_at
     if attempt.status in _SETTLED:
         # An outcome without its time (an older writer): the last time known.
         return attempt.running_at or _start(attempt)
+    gone = lost_at(attempt)
+    if gone is not None:
+        # Nothing runs it after that, so the bar must not grow with the clock; the
+        # reaper's clock may be behind the worker's, hence the floor.
+        return max(gone, attempt.running_at or _start(attempt))
     return max(now, _start(attempt))
 
 
@@ -69,7 +90,11 @@ def _tooltip(attempt: StepAttempt, now: dt.datetime) -> str:
     if attempt.eta is not None:
         lines.append(f"eta {_clock(attempt.eta)}")
     lines.append(f"running {_clock(attempt.running_at)}")
-    lines.append(f"ended {_clock(attempt.ended_at)}")
+    gone = lost_at(attempt)
+    if gone is not None:
+        lines.append(f"lost {_clock(gone)}")
+    else:
+        lines.append(f"ended {_clock(attempt.ended_at)}")
     if attempt.running_at is not None:
         lines.append(f"took {_seconds(_end(attempt, now) - attempt.running_at)}")
     if attempt.worker:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,7 @@ from pikku_celery.store import stats_queries as sq
 from pikku_celery.store.base import StoreBase, check_page, like_prefix, now, run_statuses
 from pikku_celery.store.models import WorkflowRun
 
-__all__ = ["AttemptCount", "AttemptTotals", "StoreStats"]
+__all__ = ["AttemptCount", "AttemptTotals", "OpenStepCounts", "StoreStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,20 @@ class AttemptTotals:
     @property
     def retry_ratio(self) -> float:
         return self.retries / self.attempts if self.attempts else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class OpenStepCounts:
+    """Unfinished steps that may need a person: lost, running, and scheduled but never taken.
+
+    ``lost``: the worker running the step's attempt died or stopped answering
+    (the reaper found it). ``stale_scheduled``: scheduled for longer than the
+    threshold asked for, ETA included, and no worker has started it.
+    """
+
+    lost: int
+    running: int
+    stale_scheduled: int
 
 
 class StoreStats(StoreBase):
@@ -65,6 +80,41 @@ class StoreStats(StoreBase):
         if started is None:
             return None
         return max(0.0, ((at or now()) - started).total_seconds())
+
+    def count_open_steps(
+        self,
+        stale_after: float,
+        *,
+        at: dt.datetime | None = None,
+        conn: sa.Connection | None = None,
+    ) -> OpenStepCounts:
+        """How many steps are lost, running, and scheduled untouched for ``stale_after`` s.
+
+        A scheduled step counts as stale on the same test as ``stale_scheduled``
+        lists it, so the count and that list agree.
+        """
+        if not (math.isfinite(stale_after) and stale_after >= 0):
+            raise ValueError(f"stale_after must be 0 or more seconds, not {stale_after!r}.")
+        try:
+            before = (at or now()) - dt.timedelta(seconds=stale_after)
+        except OverflowError:
+            raise ValueError(f"stale_after is too long: {stale_after!r} seconds.") from None
+        with self._read(conn) as c:
+            row = c.execute(sq.open_step_counts, {"before": before}).one()
+        return OpenStepCounts(
+            lost=int(row.lost), running=int(row.running), stale_scheduled=int(row.stale_scheduled)
+        )
+
+    def lost_steps_by_run(
+        self, run_ids: Iterable[str], *, conn: sa.Connection | None = None
+    ) -> dict[str, int]:
+        """How many ``lost`` steps each of these runs has; a run with none is absent."""
+        wanted = list(dict.fromkeys(run_ids))
+        if not wanted:
+            return {}
+        with self._read(conn) as c:
+            rows = c.execute(sq.lost_steps_by_run, {"run_ids": wanted})
+            return {str(row.workflow_run_id): int(row.n) for row in rows}
 
     def workflow_names(self, *, conn: sa.Connection | None = None) -> list[str]:
         """Every workflow name that has a run, sorted."""

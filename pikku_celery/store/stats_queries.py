@@ -19,7 +19,9 @@ __all__ = [
     "attempt_counts",
     "attempt_totals",
     "count_runs",
+    "lost_steps_by_run",
     "oldest_running_attempt",
+    "open_step_counts",
     "run_counts",
     "search_runs",
     "workflow_names",
@@ -52,6 +54,55 @@ oldest_running_attempt: Final = sa.select(sa.func.min(history.c.running_at)).whe
 )
 
 workflow_names: Final = sa.select(runs.c.workflow).distinct().order_by(runs.c.workflow)
+
+# Rendered into the statement as literals, not sent as parameters: a planner
+# only uses the partial index idx_workflow_step_open when it can see that the
+# query's condition is the index's own (SQLite never can through a "?", and
+# PostgreSQL cannot in a generic plan of a prepared statement).
+_open_status = steps.c.status.in_(
+    P("open_statuses", ("scheduled", "running", "lost"), expanding=True, literal_execute=True)
+)
+
+
+def _count_where(condition: sa.ColumnElement[bool]) -> sa.ColumnElement[int]:
+    return sa.func.coalesce(sa.func.sum(sa.case((condition, 1), else_=0)), 0)
+
+
+# Same test as the reaper's stale-message report, so the figure and the list
+# it points to agree: untouched since "before", and not held back by an ETA
+# until then either.
+_stale_scheduled = sa.and_(
+    steps.c.status == "scheduled",
+    steps.c.updated_at < P("before"),
+    sa.or_(history.c.eta.is_(None), history.c.eta < P("before")),
+)
+
+open_step_counts: Final = (
+    sa.select(
+        _count_where(steps.c.status == "lost").label("lost"),
+        _count_where(steps.c.status == "running").label("running"),
+        _count_where(_stale_scheduled).label("stale_scheduled"),
+    )
+    .select_from(
+        steps.outerjoin(
+            history,
+            sa.and_(
+                history.c.workflow_step_id == steps.c.workflow_step_id,
+                history.c.attempt == sa.func.coalesce(steps.c.current_attempt, 1),
+            ),
+        )
+    )
+    .where(_open_status)
+)
+
+lost_steps_by_run: Final = (
+    sa.select(steps.c.workflow_run_id, sa.func.count().label("n"))
+    .where(
+        steps.c.status == "lost",
+        steps.c.workflow_run_id.in_(P("run_ids", expanding=True)),
+    )
+    .group_by(steps.c.workflow_run_id)
+)
 
 
 def _filtered(

@@ -63,6 +63,29 @@ def seed(store: WorkflowStore) -> Seeded:
     return Seeded(failed=failed, completed=completed, running=running, charge_step=charge)
 
 
+# What the reaper stores as a lost attempt's error.
+LOST_ERROR = {
+    "type": "pikku_celery.WorkerLost",
+    "message": f"Attempt 1 of step 'ship' was lost on w9@host: its worker does not answer {XSS}",
+    "traceback": None,
+    "worker": "w9@host",
+    "pid": 99,
+    "lost_at": "2026-01-01T12:00:05+00:00",
+    "redelivery_expected": False,
+    "step": "ship",
+}
+
+
+def lost_run(store: WorkflowStore) -> tuple[str, str]:
+    """A running run whose step "ship" ran on a worker that died: its attempt 1 is lost."""
+    run_id = store.create_run("delivery", {"parcel": 7})
+    ship = str(uuid.uuid4())
+    store.schedule_step(run_id, ship, "ship", "shop.ship", {}, task_id=ship)
+    store.record_attempt(ship, 1, "running", task_id=ship, worker="w9@host", pid=99)
+    assert store.mark_lost(ship, 1, 1, LOST_ERROR)
+    return run_id, ship
+
+
 @dataclass
 class RecordingActions:
     """Stands in for the application's RunActions: records each call."""

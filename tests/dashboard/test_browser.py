@@ -18,6 +18,7 @@ from pikku_celery import WorkflowStore
 from pikku_celery.dashboard import create_app
 from tests.acceptance.conftest import start_worker
 from tests.conftest import REQUIRE_SERVICES
+from tests.dashboard.conftest import PASSWORD
 from tests.support.http import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,8 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 FLOWER = "http://flower.example:5555"
+# What a person types into the browser's sign-in prompt; Playwright answers it.
+CREDENTIALS = {"username": "anyone", "password": PASSWORD}
 
 worker_running = contextmanager(start_worker)
 
@@ -60,10 +63,10 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def dashboard_url(pg_url: str) -> Iterator[str]:
-    """The dashboard served by uvicorn on a free port, over the PostgreSQL mirror."""
+    """The dashboard, behind its password, served by uvicorn over the PostgreSQL mirror."""
     store = WorkflowStore(pg_url)
     config = uvicorn.Config(
-        create_app(store, flower_url=FLOWER),
+        create_app(store, flower_url=FLOWER, auth_token=PASSWORD),
         host="127.0.0.1",
         port=free_port(),
         log_level="warning",
@@ -95,7 +98,7 @@ def test_a_retried_run_in_the_browser(
             [("charge", 1, "failed"), ("charge", 2, "failed"), ("charge", 3, "succeeded")],
         )
 
-    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page = browser.new_page(viewport={"width": 1280, "height": 1000}, http_credentials=CREDENTIALS)
     try:
         page.goto(f"{dashboard_url}/")
         page.click(f'a.run-link[href="/runs/{result.id}"]')

@@ -9,7 +9,7 @@ from starlette.testclient import TestClient
 
 from pikku_celery import WorkflowStore
 from pikku_celery.dashboard.metrics import escape_label, format_metrics
-from pikku_celery.store.stats import AttemptTotals
+from pikku_celery.store.stats import AttemptTotals, OpenStepCounts
 from tests.dashboard.conftest import Seeded
 
 
@@ -72,8 +72,18 @@ def test_label_values_are_escaped(client: TestClient, store: WorkflowStore) -> N
 
 
 def test_format_is_one_sample_per_line() -> None:
-    text = format_metrics({"running": 2}, [], AttemptTotals(attempts=4, retries=1), 12.5)
+    text = format_metrics(
+        {"running": 2},
+        [],
+        AttemptTotals(attempts=4, retries=1),
+        12.5,
+        open_steps=OpenStepCounts(lost=3, running=5, stale_scheduled=7),
+        stale_after=90.5,
+    )
     assert text.endswith("\n")
     assert "pikku_retry_ratio 0.25\n" in text
     assert "pikku_oldest_running_attempt_age_seconds 12.5\n" in text
     assert 'pikku_runs{status="running"} 2\n' in text
+    assert "pikku_celery_steps_lost 3\n" in text
+    assert "pikku_celery_steps_scheduled_stale 7\n" in text
+    assert "Steps scheduled over 90.5 seconds ago" in text

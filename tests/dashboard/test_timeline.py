@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from typing import Any
 
 from pikku_celery import StepAttempt
@@ -91,3 +92,42 @@ def test_a_running_attempt_reaches_now() -> None:
 
 def test_nothing_to_draw() -> None:
     assert render_timeline([], now=T0) is None
+
+
+def test_a_lost_attempt_ends_when_it_was_found_lost_not_now() -> None:
+    lost = replace(
+        attempt(1, "lost", scheduled_at=at(0), running_at=at(1)),
+        error={"type": "pikku_celery.WorkerLost", "message": "gone", "lost_at": at(5).isoformat()},
+    )
+    retried = attempt(2, "succeeded", scheduled_at=at(5), running_at=at(6), succeeded_at=at(10))
+    svg = render_timeline([lost, retried], now=at(600))
+    root = ET.fromstring(str(svg))
+    bar = root.find(f"{SVG}g[@data-status='lost']/{SVG}rect[@class='run status-lost']")
+    assert bar is not None and bar.get("fill") == STATUS_COLORS["lost"]
+    # The chart spans 0..10 s, not to "now": the lost bar stops at 5 s, halfway.
+    assert abs(float(bar.get("x", "0")) + float(bar.get("width", "0")) - (200 + 310)) < 0.2
+    title = root.find(f"{SVG}g[@data-status='lost']/{SVG}title")
+    assert title is not None and "lost 12:00:05.000" in (title.text or "")
+
+
+def test_a_lost_attempt_without_a_readable_time_is_drawn_to_now() -> None:
+    lost = replace(
+        attempt(1, "lost", scheduled_at=at(0), running_at=at(1)),
+        error={"type": "pikku_celery.WorkerLost", "message": "gone", "lost_at": "yesterday"},
+    )
+    root = ET.fromstring(str(render_timeline([lost], now=at(10))))
+    bar = root.find(f"{SVG}g[@data-status='lost']/{SVG}rect[@class='run status-lost']")
+    assert bar is not None
+    assert abs(float(bar.get("x", "0")) + float(bar.get("width", "0")) - 820) < 0.2
+
+
+def test_a_lost_time_before_the_start_leaves_a_mark_where_it_started() -> None:
+    # The reaper's clock may be behind the worker's.
+    lost = replace(
+        attempt(1, "lost", scheduled_at=at(0), running_at=at(4)),
+        error={"type": "pikku_celery.WorkerLost", "message": "gone", "lost_at": at(2).isoformat()},
+    )
+    root = ET.fromstring(str(render_timeline([lost], now=at(60))))
+    bar = root.find(f"{SVG}g[@data-status='lost']/{SVG}rect[@class='run status-lost']")
+    assert bar is not None
+    assert abs(float(bar.get("x", "0")) - 820) < 0.2 and float(bar.get("width", "0")) == 3.0
