@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
+from pathlib import Path
 
+import pytest
 from starlette.testclient import TestClient
 
 from pikku_celery import WorkflowStore
 from pikku_celery.dashboard.metrics import escape_label, format_metrics
+from pikku_celery.store.engine import safe_url
+from pikku_celery.store.spool import Spool, spool_folder
 from pikku_celery.store.stats import AttemptTotals, OpenStepCounts
 from tests.dashboard.conftest import Seeded
 
@@ -87,3 +92,21 @@ def test_format_is_one_sample_per_line() -> None:
     assert "pikku_celery_steps_lost 3\n" in text
     assert "pikku_celery_steps_scheduled_stale 7\n" in text
     assert "Steps scheduled over 90.5 seconds ago" in text
+
+
+def test_spool_depth_counts_events_waiting_on_this_machine(
+    client: TestClient, store: WorkflowStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIKKU_SPOOL_DIR", str(tmp_path))
+    assert samples(client.get("/metrics").text)["pikku_celery_spool_events"] == "0"
+    folder = spool_folder(tmp_path, safe_url(store.engine.url))
+    left = Spool(folder / "worker-1.spool")
+    for n in range(3):
+        left.append("started", json.dumps({"n": n}))
+    other = Spool(spool_folder(tmp_path, "postgresql://elsewhere/db") / "w-2.spool")
+    other.append("started", "{}")  # another database's spool is not this one's backlog
+    try:
+        assert samples(client.get("/metrics").text)["pikku_celery_spool_events"] == "3"
+    finally:
+        left.close()
+        other.close()
