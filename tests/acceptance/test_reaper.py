@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -33,6 +34,20 @@ def _kill_child_running(worker: Worker, name: str) -> int:
     child = int(line.split()[2])
     os.kill(child, signal.SIGKILL)
     return child
+
+
+def _killed_whole_while_running(shop: ModuleType, tmp: Path, task: Any) -> Any:
+    """Publish ``task``; SIGKILL its whole worker once the mirror says it runs."""
+    with worker_running(shop, "redis", tmp) as worker:
+        result = task.delay(30)
+        wait_until(
+            lambda: (
+                worker.store.get_step_state(result.id, task.name.split(".")[-1]).status == "running"
+            ),
+            what=f"{task.name} running",
+        )
+        worker.kill_all()  # no signal of any kind leaves a SIGKILLed worker
+    return result
 
 
 def _starts(worker: Worker, name: str) -> int:
@@ -61,15 +76,9 @@ def test_a_task_acked_on_receipt_and_lost_with_its_whole_worker_is_retried_once(
     shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     tmp = tmp_path_factory.mktemp("lose-once")
-    with worker_running(shop, "redis", tmp) as first:
-        result = shop.lose_once.delay(30)
-        wait_until(
-            lambda: first.store.get_step_state(result.id, "lose_once").status == "running",
-            what="lose_once running",
-        )
-        first.kill_all()  # no signal of any kind leaves a SIGKILLed worker
+    result = _killed_whole_while_running(shop, tmp, shop.lose_once)
     time.sleep(0.5)
-    assert first.store.get_step_state(result.id, "lose_once").status == "running"
+    assert shop.pikku.store.get_step_state(result.id, "lose_once").status == "running"
 
     # Two reapers at once, as on two machines: one moves the attempt and republishes it.
     reports: list[ReapReport] = []
@@ -85,7 +94,7 @@ def test_a_task_acked_on_receipt_and_lost_with_its_whole_worker_is_retried_once(
         reaper.join()
     assert sum(len(r.lost) for r in reports) == 1, [r.as_dict() for r in reports]
     assert sum(len(r.retried) for r in reports) == 1
-    assert first.store.get_step_state(result.id, "lose_once").status == "scheduled"
+    assert shop.pikku.store.get_step_state(result.id, "lose_once").status == "scheduled"
 
     with worker_running(shop, "redis", tmp) as second:
         run = second.wait_for_run(result.id)
@@ -105,13 +114,7 @@ def test_a_lost_attempt_with_no_retries_left_fails_its_step_and_run(
     shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     tmp = tmp_path_factory.mktemp("lose-for-good")
-    with worker_running(shop, "redis", tmp) as first:
-        result = shop.lose_for_good.delay(30)
-        wait_until(
-            lambda: first.store.get_step_state(result.id, "lose_for_good").status == "running",
-            what="lose_for_good running",
-        )
-        first.kill_all()
+    result = _killed_whole_while_running(shop, tmp, shop.lose_for_good)
     with worker_running(shop, "redis", tmp) as second:
         # The periodic task, run by a worker as celery beat sends it.
         shop.app.send_task("pikku_celery.reap", kwargs={"idle_for": 0, "reply_timeout": 1})

@@ -53,6 +53,19 @@ def step(step_id: str) -> PublishedStep:
     )
 
 
+def published_event(step_id: str) -> dict[str, object]:
+    """A spooled publish of a lone task, as a worker's spool holds it."""
+    return {
+        "run_id": step_id,
+        "step_id": step_id,
+        "step_name": "ship",
+        "rpc_name": "shop.ship",
+        "data": {"args": [], "kwargs": {}},
+        "new_run": {"workflow": "shop.ship", "input": {}, "wire": None},
+        "eta": None,
+    }
+
+
 def wait_for(condition: object, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not condition():  # type: ignore[operator]
@@ -113,16 +126,7 @@ def test_a_spool_left_by_a_dead_process_is_adopted_and_replayed(
     mirror = CeleryMirror(store, spool_dir=tmp_path)
     step_id = str(uuid.uuid4())
     left = Spool(mirror.spool_folder / "elsewhere-4242.spool")
-    published = {
-        "run_id": step_id,
-        "step_id": step_id,
-        "step_name": "ship",
-        "rpc_name": "shop.ship",
-        "data": {"args": [], "kwargs": {}},
-        "new_run": {"workflow": "shop.ship", "input": {}, "wire": None},
-        "eta": None,
-    }
-    left.append("published", json.dumps(published))
+    left.append("published", json.dumps(published_event(step_id)))
     left.append(
         "started",
         json.dumps({"step_id": step_id, "attempt": 1, "worker": "w", "pid": 9, "adopt": None}),
@@ -166,16 +170,7 @@ def test_spool_command_counts_and_replays_left_over_events(
     mirror = CeleryMirror(store, spool_dir=tmp_path)
     step_id = str(uuid.uuid4())
     left = Spool(mirror.spool_folder / "gone-1.spool")
-    event = {
-        "run_id": step_id,
-        "step_id": step_id,
-        "step_name": "ship",
-        "rpc_name": "shop.ship",
-        "data": {},
-        "new_run": {"workflow": "shop.ship", "input": {}, "wire": None},
-        "eta": None,
-    }
-    left.append("published", json.dumps(event))
+    left.append("published", json.dumps(published_event(step_id)))
     left.close(delete_if_empty=False)
     base = ["--database-url", pg_url, "spool", "--spool-dir", str(tmp_path)]
     assert main(base) == 0
