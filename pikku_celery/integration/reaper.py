@@ -179,7 +179,8 @@ class Reaper:
         if task_id in held and not over_deadline:
             return
         if over_deadline:
-            cause, redeliver = f"ran longer than the {self.deadline}s deadline", False
+            cause = f"it ran longer than the {self.deadline}s deadline and was terminated"
+            redeliver = False
         elif attempt.worker in workers:
             cause = "its pool process is gone (killed, or out of memory)"
             redeliver = self._task_option(attempt, "acks_late") and self._task_option(
@@ -222,21 +223,35 @@ class Reaper:
         if redeliver:
             report.awaiting_redelivery.append(attempt)
         else:
-            self._give_up(attempt, error, report)
+            # A terminated task id is revoked on every worker: a message published
+            # again under it would be dropped, so a task over its deadline is not retried.
+            self._give_up(attempt, error, report, may_retry=not over_deadline)
 
-    def _give_up(self, attempt: OpenAttempt, error: dict[str, Any], report: ReapReport) -> None:
+    def _give_up(
+        self,
+        attempt: OpenAttempt,
+        error: dict[str, Any],
+        report: ReapReport,
+        *,
+        may_retry: bool = True,
+    ) -> None:
         retries = attempt.retries or 0
-        can_republish = attempt.run_kind in ("task", "workflow") and attempt.rpc_name
+        can_republish = (
+            may_retry and attempt.run_kind in ("task", "workflow") and bool(attempt.rpc_name)
+        )
         retry = bool(can_republish) and attempt.attempt <= retries
         if not retry and attempt.run_kind == "canvas":
             error = {**error, "message": f"{error.get('message', '')} {_CANVAS_HINT}"}
-        elif not retry:
-            error = {
-                **error,
-                "message": f"{error.get('message', '')} No retries are left; resume the run "
-                "(pikku-celery runs resume) or publish the task again.",
-            }
         workflow = attempt.run_kind == "workflow"
+        if not retry and attempt.run_kind != "canvas":
+            why = "No retries are left" if may_retry else "It is not retried"
+            then = (
+                "the workflow decides (it may compensate), or resume the run "
+                "(pikku-celery runs resume)"
+                if workflow
+                else "publish the task again"
+            )
+            error = {**error, "message": f"{error.get('message', '')} {why}; {then}."}
         if not self.store.give_up_lost(
             attempt.run_id,
             attempt.step_id,

@@ -197,3 +197,28 @@ def test_reap_command_reports_steps_nobody_picks_up(shop: ModuleType, tmp_path: 
     report = json.loads(out.stdout)
     assert result.id in [s["step_id"] for s in report["stale_scheduled"]]
     assert report["lost"] == [] and report["failed"] == []
+
+
+def test_an_attempt_over_its_deadline_is_terminated_and_its_step_failed(
+    shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    with worker_running(shop, "redis", tmp_path_factory.mktemp("deadline")) as worker:
+        result = shop.slow.delay(30)
+        wait_until(
+            lambda: worker.store.get_step_state(result.id, "slow").status == "running",
+            what="slow running",
+        )
+        time.sleep(1.2)
+        report = shop.pikku.reap(idle_for=0, deadline=1)
+        assert [a.step_id for a in report.failed] == [result.id]
+        assert report.retried == []  # its task id is revoked: a republish would be dropped
+        run = worker.wait_for_run(result.id)
+        assert run.status == "failed"
+        assert run.error is not None and "deadline" in run.error["message"]
+        assert "It is not retried" in run.error["message"]
+        wait_until(
+            lambda: f"Terminating {result.id}" in worker.log.read_text(),
+            what="the worker to terminate the task",
+        )
+        time.sleep(1)
+        assert not any(line == "slow end" for line in worker.journal_lines())
