@@ -159,7 +159,7 @@ class CeleryMirror:
         """Append to this process's spool (caller holds ``_lock``) and make sure it drains."""
         try:
             if self._spool is None:
-                self._spool = Spool.for_process(self.spool_folder)
+                self._spool = Spool.for_process(self.spool_folder, self)
             self._spool.append(kind, json.dumps(event, default=_spoolable))
         except Exception as exc:  # a full or read-only disk: nothing left to keep it in
             self._failed(kind, event, exc)

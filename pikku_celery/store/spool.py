@@ -89,8 +89,9 @@ class Spool:
         )
 
     @classmethod
-    def for_process(cls, folder: Path) -> Spool:
-        name = f"{socket.gethostname()}-{os.getpid()}{_SUFFIX}"
+    def for_process(cls, folder: Path, owner: object = None) -> Spool:
+        """This process's spool in ``folder``; ``owner`` tells apart two writers in one process."""
+        name = f"{socket.gethostname()}-{os.getpid()}-{id(owner):x}{_SUFFIX}"
         return cls(folder / name)
 
     def append(self, kind: str, payload: str) -> None:

@@ -180,3 +180,20 @@ def test_spool_command_counts_and_replays_left_over_events(
     assert "Replayed 1 events" in out and "0 still wait" in out
     assert store.get_step_state(step_id, "ship").status == "scheduled"
     store.close()
+
+
+def test_two_mirrors_of_one_database_in_one_process_each_keep_their_events(
+    tmp_path: Path,
+) -> None:
+    dead = WorkflowStore("postgresql://nobody@127.0.0.1:1/none")
+    mirrors = [
+        CeleryMirror(dead, retry_delays=(), spool_dir=tmp_path, drain_interval=60)
+        for _ in range(2)
+    ]
+    for mirror in mirrors:
+        mirror.succeeded("r", "s", 1, "result")
+    assert [m.spool_depth for m in mirrors] == [1, 1]
+    assert spool_depth(tmp_path) == 2
+    for mirror in mirrors:
+        mirror.close()
+    dead.close()
