@@ -134,8 +134,10 @@ def start_worker(
     tmp: Path,
     concurrency: int = 2,
     extra_env: dict[str, str] | None = None,
+    broker_url: str | None = None,
 ) -> Iterator[Worker]:
-    url, _ = BROKERS[broker]
+    """``broker_url``: a broker of the test's own (e.g. one it restarts) instead of ``broker``'s."""
+    url = broker_url or BROKERS[broker][0]
     host, port = address(url)
     if not port_open(port, host):
         service_missing(broker, ConnectionRefusedError(f"{host}:{port}"))

@@ -187,8 +187,7 @@ def test_two_mirrors_of_one_database_in_one_process_each_keep_their_events(
 ) -> None:
     dead = WorkflowStore("postgresql://nobody@127.0.0.1:1/none")
     mirrors = [
-        CeleryMirror(dead, retry_delays=(), spool_dir=tmp_path, drain_interval=60)
-        for _ in range(2)
+        CeleryMirror(dead, retry_delays=(), spool_dir=tmp_path, drain_interval=60) for _ in range(2)
     ]
     for mirror in mirrors:
         mirror.succeeded("r", "s", 1, "result")
