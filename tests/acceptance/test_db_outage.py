@@ -89,3 +89,39 @@ def test_a_database_outage_mid_run_fails_no_task_and_loses_no_transition(
         f"transitions expected {expected}, found {found}; duplicates 0; "
         f"every run settled {recovered:.1f}s after the database came back"
     )
+
+
+def test_a_worker_killed_with_events_in_its_spool_leaves_them_to_the_next_worker(
+    shop: ModuleType, pg_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    tmp = tmp_path_factory.mktemp("spool-restart")
+    target = sa.make_url(pg_url)
+    store: WorkflowStore = shop.pikku.store
+    with TcpProxy(target.host or "127.0.0.1", target.port or 5432) as proxy:
+        proxied = target.set(port=proxy.port).render_as_string(hide_password=False)
+        env = {"SHOP_DATABASE_URL": proxied, "PIKKU_SPOOL_DIR": str(tmp / "spool")}
+        ids = [shop.outage_step.delay(n).id for n in (1, 2, 3, 5)]  # 5 retries once
+        proxy.cut()
+        with worker_running(shop, "redis", tmp, extra_env=env) as first:
+            wait_until(lambda: len(first.journal_lines()) >= 5, what="the tasks to run")
+            time.sleep(0.5)
+            first.kill_all()  # SIGKILL: the spools stay on disk, nothing replayed them
+        spools = list((tmp / "spool").glob("*/*.spool"))
+        assert spools, "the events should wait in a spool"
+        assert all(store.get_run(task_id).status == "running" for task_id in ids)
+        proxy.restore()
+        started = time.monotonic()
+        with worker_running(shop, "redis", tmp, extra_env=env) as second:
+            for task_id in ids:
+                run = second.wait_for_run(task_id, timeout=60)
+                assert run.status == "completed"
+            took = time.monotonic() - started
+            log = second.log.read_text()
+    assert "replayed" in log and "left in" in log  # the new worker adopted the spools
+    assert [(a.attempt, a.status) for a in store.get_run_history(ids[-1])] == [
+        (1, "failed"),
+        (2, "succeeded"),
+    ]
+    assert len(worker_journal := first.journal_lines()) == 5, worker_journal  # nothing re-ran
+    assert not list((tmp / "spool").glob("*/*.spool"))
+    print(f"\nspooled events of a killed worker written {took:.1f}s after the next one started")
