@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -24,15 +26,21 @@ TASKS = 500
 OUTAGE_SECONDS = 6.0
 
 
+@contextmanager
+def proxied_database(pg_url: str, tmp: Path) -> Iterator[tuple[TcpProxy, dict[str, str]]]:
+    """A proxy to the session's database, and a worker environment that goes through it."""
+    target = sa.make_url(pg_url)
+    with TcpProxy(target.host or "127.0.0.1", target.port or 5432) as proxy:
+        proxied = target.set(port=proxy.port).render_as_string(hide_password=False)
+        yield proxy, {"SHOP_DATABASE_URL": proxied, "PIKKU_SPOOL_DIR": str(tmp / "spool")}
+
+
 def test_a_database_outage_mid_run_fails_no_task_and_loses_no_transition(
     shop: ModuleType, pg_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     tmp = tmp_path_factory.mktemp("db-outage")
-    target = sa.make_url(pg_url)
     store: WorkflowStore = shop.pikku.store
-    with TcpProxy(target.host or "127.0.0.1", target.port or 5432) as proxy:
-        proxied = target.set(port=proxy.port).render_as_string(hide_password=False)
-        env = {"SHOP_DATABASE_URL": proxied, "PIKKU_SPOOL_DIR": str(tmp / "spool")}
+    with proxied_database(pg_url, tmp) as (proxy, env):
         with worker_running(shop, "redis", tmp, extra_env=env) as worker:
             ids = {shop.outage_step.delay(n).id: n for n in range(TASKS)}
             wait_until(lambda: len(worker.journal_lines()) >= 60, what="the first tasks")
@@ -95,11 +103,8 @@ def test_a_worker_killed_with_events_in_its_spool_leaves_them_to_the_next_worker
     shop: ModuleType, pg_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     tmp = tmp_path_factory.mktemp("spool-restart")
-    target = sa.make_url(pg_url)
     store: WorkflowStore = shop.pikku.store
-    with TcpProxy(target.host or "127.0.0.1", target.port or 5432) as proxy:
-        proxied = target.set(port=proxy.port).render_as_string(hide_password=False)
-        env = {"SHOP_DATABASE_URL": proxied, "PIKKU_SPOOL_DIR": str(tmp / "spool")}
+    with proxied_database(pg_url, tmp) as (proxy, env):
         ids = [shop.outage_step.delay(n).id for n in (1, 2, 3, 5)]  # 5 retries once
         proxy.cut()
         with worker_running(shop, "redis", tmp, extra_env=env) as first:

@@ -50,6 +50,13 @@ def _killed_whole_while_running(shop: ModuleType, tmp: Path, task: Any) -> Any:
     return result
 
 
+def _wait_running(worker: Worker, result: Any, step: str) -> None:
+    wait_until(
+        lambda: worker.store.get_step_state(result.id, step).status == "running",
+        what=f"{step} running",
+    )
+
+
 def _starts(worker: Worker, name: str) -> int:
     return sum(line.startswith(f"{name} start") for line in worker.journal_lines())
 
@@ -132,10 +139,7 @@ def test_the_reaper_leaves_attempts_of_live_workers_alone(
 ) -> None:
     with worker_running(shop, "redis", tmp_path_factory.mktemp("alive")) as worker:
         result = shop.slow.delay(4)
-        wait_until(
-            lambda: worker.store.get_step_state(result.id, "slow").status == "running",
-            what="slow running",
-        )
+        _wait_running(worker, result, "slow")
         report = shop.pikku.reap(idle_for=0)
         assert report.checked >= 1 and not report.lost and not report.failed
         assert worker.store.get_step_state(result.id, "slow").status == "running"
@@ -151,10 +155,7 @@ def test_a_whole_worker_killed_mid_step_is_lost_then_redelivered_to_the_next_wor
         # acks_late: the broker keeps the message until it ends (shorter than the 3 s
         # visibility timeout, or Redis would hand it out again while it runs).
         result = shop.slow.delay(2)
-        wait_until(
-            lambda: first.store.get_step_state(result.id, "slow").status == "running",
-            what="slow running",
-        )
+        _wait_running(first, result, "slow")
         first.kill_all()
     report = shop.pikku.reap(idle_for=0, reply_timeout=1)
     assert [a.step_id for a in report.lost] == [result.id]
@@ -204,10 +205,7 @@ def test_an_attempt_over_its_deadline_is_terminated_and_its_step_failed(
 ) -> None:
     with worker_running(shop, "redis", tmp_path_factory.mktemp("deadline")) as worker:
         result = shop.slow.delay(30)
-        wait_until(
-            lambda: worker.store.get_step_state(result.id, "slow").status == "running",
-            what="slow running",
-        )
+        _wait_running(worker, result, "slow")
         time.sleep(1.2)
         report = shop.pikku.reap(idle_for=0, deadline=1)
         assert [a.step_id for a in report.failed] == [result.id]
