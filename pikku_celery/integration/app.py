@@ -13,13 +13,14 @@ from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration import signals
 from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper, ReapReport
-from pikku_celery.integration.task import WorkflowTask
+from pikku_celery.integration.task import WorkflowTask, as_task_function
 from pikku_celery.store import WorkflowStore
 from pikku_celery.store.engine import DEFAULT_DATABASE_URL, ENV_DATABASE_URL
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.engine import WorkflowEngine
 
 __all__ = ["REAP_TASK", "PikkuCelery"]
+
 
 #: The periodic task that runs one reaper pass (see :meth:`PikkuCelery.reap_every`).
 REAP_TASK = "pikku_celery.reap"
@@ -64,7 +65,8 @@ class PikkuCelery:
         # Flower and `celery events` see every task and every retry.
         app.conf.worker_send_task_events = True
         app.conf.task_send_sent_event = True
-        app.task(name=REAP_TASK, ignore_result=True, shared=False)(self._reap_task)
+        reap_task = as_task_function(self._reap_task)
+        app.task(name=REAP_TASK, ignore_result=True, shared=False)(reap_task)
         signals.install(self)
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery import Task
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 else:
     _TaskBase = Task
 
-__all__ = ["WorkflowTask"]
+__all__ = ["WorkflowTask", "as_task_function"]
 
 
 class WorkflowTask(_TaskBase):
@@ -45,3 +46,18 @@ class WorkflowTask(_TaskBase):
                 if done:
                     return result
         return super().__call__(*args, **kwargs)
+
+
+def as_task_function(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A plain function calling ``method``, to register a bound method as a Celery task.
+
+    Celery reads a task's signature to check the arguments of ``apply_async``
+    (beat, ``delay``); a bound method's signature would count ``self``.
+    """
+
+    def task(*args: Any, **kwargs: Any) -> Any:
+        return method(*args, **kwargs)
+
+    task.__name__ = task.__qualname__ = method.__name__.lstrip("_")
+    task.__doc__ = method.__doc__
+    return task

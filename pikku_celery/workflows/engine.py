@@ -23,6 +23,7 @@ from pikku_celery.errors import (
     WaitTimeout,
 )
 from pikku_celery.integration import headers as h
+from pikku_celery.integration.task import as_task_function
 from pikku_celery.store import WorkflowRun, WorkflowStore
 from pikku_celery.workflows.context import SLEEP
 from pikku_celery.workflows.definition import Workflow, code_version
@@ -83,10 +84,11 @@ class WorkflowEngine:
         self._mirror = mirror
         self.dispatcher = CeleryDispatcher(app)
         self.workflows: dict[str, Workflow] = {}
+        orchestrate, wake = as_task_function(self._orchestrate), as_task_function(self._wake)
         app.task(name=ORCHESTRATE_TASK, acks_late=True, ignore_result=True, shared=False)(
-            self._orchestrate
+            orchestrate
         )
-        app.task(name=WAKE_TASK, acks_late=True, ignore_result=True, shared=False)(self._wake)
+        app.task(name=WAKE_TASK, acks_late=True, ignore_result=True, shared=False)(wake)
 
     @property
     def store(self) -> WorkflowStore:

@@ -14,7 +14,7 @@ from tests.deploy.conftest import (
     tool,
 )
 
-ALWAYS_UP = {"postgres", "redis", "migrate", "worker", "flower", "dashboard"}
+ALWAYS_UP = {"postgres", "redis", "migrate", "worker", "beat", "flower", "dashboard"}
 
 
 def run(*command: str) -> subprocess.CompletedProcess[str]:
@@ -45,7 +45,7 @@ def test_compose_up_starts_the_services_in_order() -> None:
                 assert condition == "service_completed_successfully", (name, needed)
                 assert services[needed]["restart"] == "no", needed
     # The schema is current before anything that reads or writes it starts.
-    for name in ("worker", "dashboard"):
+    for name in ("worker", "beat", "dashboard"):
         assert services[name]["depends_on"]["migrate"]["condition"] == (
             "service_completed_successfully"
         )
@@ -90,7 +90,7 @@ def test_the_image_runs_as_a_user_and_the_default_stage_is_the_app() -> None:
 def test_every_procfile_process_runs_what_its_compose_service_runs() -> None:
     services = compose()["services"]
     processes = procfile()
-    assert set(processes) == {"worker", "flower", "dashboard"}  # nothing periodic: no beat
+    assert set(processes) == {"worker", "beat", "flower", "dashboard"}
     for name, command in processes.items():
         assert command == services[name]["command"], name
 

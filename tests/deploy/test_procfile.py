@@ -1,4 +1,4 @@
-"""The Procfile under honcho, as CI runs it: the worker, Flower and the dashboard on the local
+"""The Procfile under honcho, as CI runs it: the worker, beat, Flower and the dashboard on the local
 PostgreSQL and Redis serve a real run, then stop on one signal and leave no process behind."""
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def honcho_running(database_url: str, tmp: Path, marker: str) -> Iterator[Stack]
         "FLOWER_PORT": str(flower_port),
         "FLOWER_UNAUTHENTICATED_API": "true",  # this test reads Flower's API
         "PIKKU_HONCHO_TEST": marker,
+        "PIKKU_REAP_EVERY": "1",  # beat sends the reaper every second, not every minute
     }
     log = tmp / "honcho.log"
     with log.open("wb") as log_file:
@@ -179,8 +180,13 @@ def test_the_procfile_serves_a_run_to_the_dashboard_and_flower_then_stops_cleanl
             for task_id, count in attempts.items():
                 assert tasks[task_id]["retries"] == count - 1
 
+            # Beat sends the reaper and the worker runs it: nothing is stuck, so it says so.
+            stack.wait_for(
+                "the worker to run the reaper beat sent",
+                lambda: re.search(r"pikku_celery\.reap\[[^\]]+\] succeeded", stack.log.read_text()),
+            )
             groups = stack.process_groups()
-            assert set(groups) == {"worker", "flower", "dashboard"}
+            assert set(groups) == {"worker", "beat", "flower", "dashboard"}
             assert len(marked_processes(marker)) > len(groups)  # honcho, shells, pool children
 
             # One signal to honcho stops everything it started.

@@ -81,3 +81,14 @@ def test_the_spool_folder_is_per_database_and_configurable(tmp_path: Path) -> No
     assert one.mirror.spool_folder != two.mirror.spool_folder
     three = PikkuCelery(app, f"sqlite:///{tmp_path / 'one.db'}", spool_dir=str(tmp_path / "arg"))
     assert three.mirror.spool_folder.parent == tmp_path / "arg"
+
+
+def test_the_packages_own_tasks_take_their_arguments_through_apply_async(
+    tmp_path: Path,
+) -> None:
+    # celery beat and `.delay()` check a task's arguments against its signature.
+    app = Celery("own", broker="memory://", set_as_current=False)
+    PikkuCelery(app, f"sqlite:///{tmp_path / 'c.db'}")
+    app.tasks["pikku_celery.reap"].apply_async(kwargs={"idle_for": 0})
+    app.tasks["pikku_celery.orchestrate"].apply_async(("run-id",))
+    app.tasks["pikku_celery.wake"].apply_async(("run-id", "step-id", 1))
