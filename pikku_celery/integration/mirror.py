@@ -201,9 +201,21 @@ class CeleryMirror:
         while True:
             time.sleep(delay)
             spool = self._spool
-            if spool is None or self._replay(spool):
+            if spool is None:
+                return  # closed: what is left stays on disk for the next process
+            try:
+                replayed = self._replay(spool)
+            except Exception:
+                logger.exception(
+                    "pikku-celery could not replay its spool %s; it stays on disk for the "
+                    "next worker to start (or `pikku-celery spool --replay`)",
+                    spool.path,
+                    extra={"action": "spool_replay_failed"},
+                )
+                return
+            if replayed:
                 with self._lock:
-                    if spool is None or spool.depth() == 0:
+                    if self._spool is spool and spool.depth() == 0:
                         self._backlog = False
                         self._drainer = None
                         logger.warning(
