@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -12,50 +11,14 @@ import pytest
 import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
-from pikku_celery.store.attempt_writes import NewRun
 from pikku_celery.store.stats import OpenStepCounts
+from tests.support.steps import LOST, lost_step, running_step, scheduled_step
 
-LOST = {
-    "type": "pikku_celery.WorkerLost",
-    "message": "gone",
-    "worker": "w1@host",
-    "pid": 7,
-    "lost_at": "2026-01-01T12:00:00+00:00",
-    "redelivery_expected": False,
-}
 HOUR = 3600.0
 
 
 def later(seconds: float) -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=seconds)
-
-
-def scheduled_step(store: WorkflowStore, *, eta: dt.datetime | None = None) -> tuple[str, str]:
-    run_id, step_id = str(uuid.uuid4()), str(uuid.uuid4())
-    store.schedule_step(
-        run_id,
-        step_id,
-        "charge",
-        "shop.charge",
-        {"args": [1]},
-        retries=1,
-        eta=eta,
-        task_id=step_id,
-        new_run=NewRun("charge", {"card": "secret"}, {"type": "task"}),
-    )
-    return run_id, step_id
-
-
-def running_step(store: WorkflowStore) -> tuple[str, str]:
-    run_id, step_id = scheduled_step(store)
-    store.record_attempt(step_id, 1, "running", worker="w1@host", pid=7, task_id=step_id)
-    return run_id, step_id
-
-
-def lost_step(store: WorkflowStore) -> tuple[str, str]:
-    run_id, step_id = running_step(store)
-    assert store.mark_lost(step_id, 1, 1, LOST)
-    return run_id, step_id
 
 
 def test_an_empty_store_has_nothing_open(store: WorkflowStore) -> None:

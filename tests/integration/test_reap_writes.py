@@ -7,23 +7,7 @@ import uuid
 
 from pikku_celery import WorkflowStore
 from pikku_celery.store.attempt_writes import NewRun
-
-LOST = {"type": "pikku_celery.WorkerLost", "message": "gone", "worker": "w1@host"}
-
-
-def running_step(store: WorkflowStore, *, retries: int | None = 1) -> tuple[str, str]:
-    run_id, step_id = str(uuid.uuid4()), str(uuid.uuid4())
-    store.schedule_step(
-        run_id,
-        step_id,
-        "charge",
-        "shop.charge",
-        {"args": [1], "kwargs": {}},
-        retries=retries,
-        new_run=NewRun("charge", {}, {"type": "task"}),
-    )
-    store.record_attempt(step_id, 1, "running", worker="w1@host", pid=7, task_id=step_id)
-    return run_id, step_id
+from tests.support.steps import LOST, running_step
 
 
 def test_open_attempts_lists_current_running_attempts_with_what_the_reaper_needs(
