@@ -13,7 +13,7 @@ from typing import Any, Final, NoReturn
 from pikku_celery.app_loader import ENV_APP, load_pikku, user_app
 from pikku_celery.cli_options import env_flag, int_between, listed, parse_age
 from pikku_celery.cli_reap import add_reap_command
-from pikku_celery.cli_spool import add_spool_command
+from pikku_celery.cli_journal import add_journal_command
 from pikku_celery.errors import ConfigurationError, PikkuCeleryError, RunNotFound
 from pikku_celery.payloads import run_document, run_json
 from pikku_celery.progress import Progress
@@ -489,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs_commands(commands)
     _add_prune_command(commands)
     add_reap_command(commands, json_default=env_flag(ENV_JSON))
-    add_spool_command(commands)
+    add_journal_command(commands)
     return parser
 
 

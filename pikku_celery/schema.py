@@ -22,6 +22,7 @@ __all__ = [
     "JsonText",
     "UtcDateTime",
     "metadata",
+    "mirror_deliveries",
     "workflow_runs",
     "workflow_step",
     "workflow_step_history",
@@ -206,4 +207,15 @@ workflow_versions = sa.Table(
     sa.Column("created_at", UtcDateTime, nullable=False, server_default=_now),
     sa.PrimaryKeyConstraint("workflow_name", "graph_hash", name="workflow_versions_pk"),
     sa.Index("idx_workflow_versions_source_status", "source", "status"),
+)
+
+# Not one of Pikku's tables: the mirror's own ledger of the deliveries it has
+# counted, by event id, so a batch written twice (a COMMIT whose outcome was
+# lost, a journal replayed by another process) counts each delivery once.
+mirror_deliveries = sa.Table(
+    "pikku_celery_deliveries",
+    metadata,
+    sa.Column("event_id", sa.Text, primary_key=True),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Index("idx_pikku_celery_deliveries_created", "created_at"),
 )

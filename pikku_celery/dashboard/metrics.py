@@ -16,7 +16,7 @@ from typing import Final
 from pikku_celery.store import WorkflowStore
 from pikku_celery.store.engine import safe_url
 from pikku_celery.store.models import RUN_STATUSES
-from pikku_celery.store.spool import default_spool_dir, spool_depth, spool_folder
+from pikku_celery.store.journal import default_journal_dir, journal_depth, journal_folder
 from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts
 
 __all__ = ["CONTENT_TYPE", "collect_metrics", "escape_label", "format_metrics"]
@@ -45,7 +45,7 @@ def format_metrics(
     *,
     open_steps: OpenStepCounts,
     stale_after: float,
-    spool_events: int = 0,
+    journal_events: int = 0,
 ) -> str:
     lines = _family("pikku_runs", "Workflow runs in the database, by status.")
     # Every status is listed, zero included, so a series never vanishes.
@@ -85,11 +85,11 @@ def format_metrics(
     )
     lines.append(f"pikku_celery_steps_scheduled_stale {open_steps.stale_scheduled}")
     lines += _family(
-        "pikku_celery_spool_events",
-        "Mirror events waiting in this machine's spools (PIKKU_SPOOL_DIR) for the database "
-        "to be reachable again.",
+        "pikku_celery_journal_events",
+        "Mirror events journaled on this machine (PIKKU_JOURNAL_DIR) and not written to SQL "
+        "yet: a few for a few milliseconds, more while the database is away.",
     )
-    lines.append(f"pikku_celery_spool_events {spool_events}")
+    lines.append(f"pikku_celery_journal_events {journal_events}")
     return "\n".join(lines) + "\n"
 
 
@@ -101,11 +101,11 @@ def collect_metrics(store: WorkflowStore, *, stale_after: float) -> str:
         store.oldest_running_attempt_age(),
         open_steps=store.count_open_steps(stale_after),
         stale_after=stale_after,
-        spool_events=_spool_events(store),
+        journal_events=_journal_events(store),
     )
 
 
-def _spool_events(store: WorkflowStore) -> int:
-    # The spools of workers on the dashboard's machine (or a shared volume).
-    folder = spool_folder(default_spool_dir(), safe_url(store.engine.url))
-    return spool_depth(folder.parent, only=folder.name)
+def _journal_events(store: WorkflowStore) -> int:
+    # The journals of processes on the dashboard's machine (or a shared volume).
+    folder = journal_folder(default_journal_dir(), safe_url(store.engine.url))
+    return journal_depth(folder.parent, only=folder.name)

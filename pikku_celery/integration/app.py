@@ -11,6 +11,7 @@ from celery.canvas import Signature
 
 from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration import signals
+from pikku_celery.integration.delivery import FLUSH_INTERVAL
 from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.task import WorkflowTask, as_task_function
@@ -33,10 +34,11 @@ class PikkuCelery:
 
     The database URL comes from the argument, else ``app.conf.pikku_database_url``,
     else ``PIKKU_DATABASE_URL``, else ``sqlite:///pikku.db``. Nothing connects
-    until the first event; connections are made per worker process. While the
-    database is unreachable, events wait in a local spool (``spool_dir``, else
-    ``app.conf.pikku_spool_dir``, else ``PIKKU_SPOOL_DIR``, else
-    ``~/.local/state/pikku-celery/spool``) and are written when it is back.
+    until the first event; connections are made per worker process. Every
+    event is journaled on local disk first (``journal_dir``, else
+    ``app.conf.pikku_journal_dir``, else ``PIKKU_JOURNAL_DIR``, else
+    ``~/.local/state/pikku-celery/journal``) and written to SQL in group
+    commits every ``app.conf.pikku_flush_interval`` seconds (default 0.02).
     """
 
     def __init__(
@@ -45,7 +47,7 @@ class PikkuCelery:
         database_url: str | None = None,
         *,
         store: WorkflowStore | None = None,
-        spool_dir: str | None = None,
+        journal_dir: str | None = None,
     ) -> None:
         if store is not None and database_url is not None:
             raise ConfigurationError("Pass either database_url or store, not both.")
@@ -59,12 +61,12 @@ class PikkuCelery:
             )
             store = WorkflowStore(url)
         self.mirror = CeleryMirror(
-            store, spool_dir=spool_dir or app.conf.get("pikku_spool_dir") or None
+            store,
+            journal_dir=journal_dir or app.conf.get("pikku_journal_dir") or None,
+            flush_interval=float(app.conf.get("pikku_flush_interval") or FLUSH_INTERVAL),
         )
         self.workflows = WorkflowEngine(app, self.mirror)
-        # Flower and `celery events` see every task and every retry.
-        app.conf.worker_send_task_events = True
-        app.conf.task_send_sent_event = True
+        # Task events stay the user's choice: Flower needs them, the mirror does not.
         reap_task = as_task_function(self._reap_task)
         app.task(name=REAP_TASK, ignore_result=True, shared=False)(reap_task)
         signals.install(self)

@@ -11,13 +11,12 @@ import contextvars
 import datetime as dt
 import logging
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from celery import current_task, signals
-from celery.exceptions import Retry
+from celery.exceptions import Reject, Retry
 
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.mirror import PublishedStep
@@ -40,7 +39,7 @@ class RunContext:
     """The run that tasks published right now belong to, and the step they follow."""
 
     run_id: str
-    parent_step: str | None = None
+    parent_step_id: str | None = None
 
 
 #: Set by ``PikkuCelery.run`` while it publishes a canvas.
@@ -103,7 +102,11 @@ def _publish_context(message_headers: dict[str, Any]) -> RunContext | None:
     run_id = h.from_request(request, h.RUN_ID) if request is not None else None
     if not run_id:
         return None
-    parent = h.from_request(request, h.STEP_NAME) or h.from_request(request, h.PARENT_STEP)
+    # A step's children follow that step; a helper task's (a chord's unlock)
+    # follow the step the helper itself follows.
+    step_id = getattr(request, "id", None)
+    is_step = step_id is not None and h.from_request(request, h.STEP_NAME) is not None
+    parent = str(step_id) if is_step else h.from_request(request, h.PARENT_STEP)
     return RunContext(run_id, parent)
 
 
@@ -142,8 +145,8 @@ def before_task_publish(
     if pikku is None:
         if context is not None:  # not a step, but its children stay in the run
             headers.setdefault(h.RUN_ID, context.run_id)
-            if context.parent_step:
-                headers.setdefault(h.PARENT_STEP, context.parent_step)
+            if context.parent_step_id:
+                headers.setdefault(h.PARENT_STEP, context.parent_step_id)
         return
     if headers.get("retries") or headers.get(h.ORCHESTRATED):
         # A retry republishes its step (the retry handler records the attempt);
@@ -162,15 +165,15 @@ def before_task_publish(
     if context is None:  # a lone task is a run of its own, under its own task id
         run_id, parent, new_run = step_id, None, NewRun(task.name, data, {"type": "task"})
     else:
-        run_id, parent, new_run = context.run_id, context.parent_step, None
-    name = pikku.mirror.published(
+        run_id, parent, new_run = context.run_id, context.parent_step_id, None
+    pikku.mirror.published(
         PublishedStep(
             run_id=run_id,
             step_id=step_id,
             step_name=str(base_name),
             rpc_name=task.name,
             data=data,
-            from_step_name=parent,
+            parent_step_id=parent,
             retries=task.max_retries,
             retry_delay=task.default_retry_delay,
             eta=_eta(headers.get("eta")),
@@ -178,7 +181,8 @@ def before_task_publish(
         )
     )
     headers[h.RUN_ID] = run_id
-    headers[h.STEP_NAME] = name or str(base_name)
+    # The name asked for: a repeat gets its "#N" when the step reaches SQL.
+    headers[h.STEP_NAME] = str(base_name)
 
 
 @_isolated
@@ -188,23 +192,21 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
         return
     request = task.request
     step_id = str(request.id)
-    run_id = h.from_request(request, h.RUN_ID) or step_id
-
-    def adopt() -> PublishedStep:
-        data = _call_data(args, kwargs)
-        return PublishedStep(
-            run_id=run_id,
-            step_id=step_id,
-            step_name=h.from_request(request, h.STEP_NAME) or task.step_name_for(task.name),
-            rpc_name=task.name,
-            data=data,
+    header_run = h.from_request(request, h.RUN_ID)
+    mirror = pikku.mirror
+    adoption = None
+    if not h.from_request(request, h.ORCHESTRATED):  # a workflow's replay claimed its steps
+        adoption = mirror.adoption(
+            header_run or step_id,
+            h.from_request(request, h.STEP_NAME) or task.step_name_for(task.name),
+            task.name,
+            published=header_run is not None,
+            data=None if header_run is not None else _call_data(args, kwargs),
             retries=task.max_retries,
             retry_delay=task.default_retry_delay,
-            new_run=NewRun(task.name, data, {"type": "task"}),
         )
-
-    pikku.mirror.started(
-        step_id, _attempt(task), worker=request.hostname, pid=os.getpid(), adopt=adopt
+    mirror.started(
+        step_id, _attempt(task), worker=request.hostname, pid=os.getpid(), adoption=adoption
     )
 
 
@@ -231,17 +233,25 @@ def task_success(sender: Any = None, result: Any = None, **_: Any) -> None:
         return
     request = sender.request
     run_id = h.from_request(request, h.RUN_ID) or str(request.id)
-    if h.from_request(request, h.ORCHESTRATED):
-        # The workflow function decides the run's outcome: replay it.
-        pikku.mirror.succeeded(None, str(request.id), _attempt(sender), result)
-        pikku.workflows.replay_soon(run_id)
-        return
-    pikku.mirror.succeeded(run_id, str(request.id), _attempt(sender), result)
+    # A workflow's step: the workflow function decides the run's outcome, in a
+    # replay sent once this success is committed.
+    orchestrated = bool(h.from_request(request, h.ORCHESTRATED))
+    pikku.mirror.succeeded(
+        None if orchestrated else run_id,
+        str(request.id),
+        _attempt(sender),
+        result,
+        orchestrated=orchestrated,
+    )
 
 
 @_isolated
 def task_failure(
-    sender: Any = None, exception: BaseException | None = None, einfo: Any = None, **_: Any
+    sender: Any = None,
+    task_id: Any = None,
+    exception: BaseException | None = None,
+    einfo: Any = None,
+    **_: Any,
 ) -> None:
     pikku = _pikku_for(sender)
     if pikku is None:
@@ -250,14 +260,31 @@ def task_failure(
     error = error_document(exception if exception is not None else "task failed")
     if einfo is not None and getattr(einfo, "traceback", None):
         error["traceback"] = einfo.traceback
+    if isinstance(exception, Reject):
+        error["message"] = (
+            "The task rejected its message without requeue (Reject(requeue=False)): the broker "
+            "dead-letters or drops it, so it will not run again; publish it again or resume "
+            f"the run to retry it. {error['message']}"
+        ).strip()
+    if task_id is not None and str(getattr(request, "id", None)) != str(task_id):
+        # Sent by the worker's main process (a rejected message, a hard time
+        # limit), which has no request context: the step's current attempt and
+        # its run are meant, and the store finds them.
+        error["step"] = None
+        pikku.mirror.ended(None, str(task_id), None, "failed", error)
+        return
     error["step"] = h.from_request(request, h.STEP_NAME)
     run_id = h.from_request(request, h.RUN_ID) or str(request.id)
-    if h.from_request(request, h.ORCHESTRATED):
-        # StepFailed is raised at the step's ctx.do; the workflow may compensate.
-        pikku.mirror.ended(None, str(request.id), _attempt(sender), "failed", error)
-        pikku.workflows.replay_soon(run_id)
-        return
-    pikku.mirror.ended(run_id, str(request.id), _attempt(sender), "failed", error)
+    # StepFailed is raised at the step's ctx.do; the workflow may compensate.
+    orchestrated = bool(h.from_request(request, h.ORCHESTRATED))
+    pikku.mirror.ended(
+        None if orchestrated else run_id,
+        str(request.id),
+        _attempt(sender),
+        "failed",
+        error,
+        orchestrated=orchestrated,
+    )
 
 
 @_isolated
@@ -302,11 +329,17 @@ def worker_process_shutdown(**_: Any) -> None:
 @_isolated
 def worker_ready(**_: Any) -> None:
     for pikku in registry.values():
-        # Events a killed or stopped process of this machine left in its spool.
-        threading.Thread(
-            target=pikku.mirror.adopt_orphans, name="pikku-celery-adopt", daemon=True
-        ).start()
+        # The main process's flusher writes its own events (a rejected message, a
+        # hard time limit) and adopts the journals of children and processes that
+        # are gone, within seconds.
+        pikku.mirror.start()
         pikku.workflows.recover()
+
+
+@_isolated
+def worker_shutdown(**_: Any) -> None:
+    for pikku in registry.values():
+        pikku.mirror.close()
 
 
 _HANDLERS: Final[list[tuple[Any, Callable[..., None]]]] = [
@@ -319,4 +352,5 @@ _HANDLERS: Final[list[tuple[Any, Callable[..., None]]]] = [
     (signals.worker_process_init, worker_process_init),
     (signals.worker_process_shutdown, worker_process_shutdown),
     (signals.worker_ready, worker_ready),
+    (signals.worker_shutdown, worker_shutdown),
 ]

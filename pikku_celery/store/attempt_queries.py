@@ -51,6 +51,16 @@ def insert_run_once(dialect: str) -> Insert:
     return insert.on_conflict_do_nothing(index_elements=["workflow_run_id"])  # type: ignore[attr-defined,no-any-return]
 
 
+_parent = steps.alias("parent")
+# The step a new step follows is named by id: its name is whatever it got in
+# its run (``add#2``), read when the follower is written.
+_parent_name = (
+    sa.select(_parent.c.step_name)
+    .where(_parent.c.workflow_step_id == P("parent_step_id", type_=sa.Text()))
+    .scalar_subquery()
+)
+
+
 @cache
 def schedule_step(dialect: str) -> Insert:
     """Insert a step under the first free name: ``name``, then ``name#2``, ``name#3``...
@@ -88,7 +98,7 @@ def schedule_step(dialect: str) -> Insert:
         "status": sa.literal("scheduled", sa.Text),
         "retries": typed("retries", sa.Integer()),
         "retry_delay": typed("retry_delay", sa.Text()),
-        "from_step_name": typed("from_step_name", sa.Text()),
+        "from_step_name": sa.func.coalesce(typed("from_step_name", sa.Text()), _parent_name),
         "current_attempt": sa.literal(1, sa.Integer),
         "created_at": typed("now", steps.c.created_at.type),
         "updated_at": typed("now", steps.c.updated_at.type),
@@ -204,10 +214,20 @@ def record_attempt_step(status: str) -> Update:
     )
 
 
+_STAMPS: Final = ("scheduled_at", "running_at")
+
+
 @cache
 def record_attempt(dialect: str, status: str) -> Insert:
-    """Upsert attempt K's row; on PostgreSQL the step row's update rides along (one trip)."""
+    """Upsert attempt K's row; on PostgreSQL the step row's update rides along (one trip).
+
+    One statement records one event, or several events of the same attempt
+    coalesced (``scheduled_at``/``running_at`` and the outcome's ``ended_at``
+    each keep the time of their own event; ``deliveries`` is how many starts
+    it counts).
+    """
     stamp = TIMESTAMP_COLUMN[status]
+    ended = stamp if status in _TERMINAL else None
     values: dict[str, Any] = {
         "history_id": P("history_id"),
         "workflow_step_id": P("step_id"),
@@ -220,10 +240,12 @@ def record_attempt(dialect: str, status: str) -> Insert:
         "eta": P("eta"),
         "reason": P("reason"),
         # Each start of an attempt is one delivery of its message.
-        "delivery_count": 1 if status == "running" else 0,
+        "delivery_count": P("deliveries"),
     }
-    if stamp is not None:
-        values[stamp] = P("now")
+    for column in _STAMPS:
+        values[column] = P(column)
+    if ended is not None:
+        values[ended] = P("ended_at")
     if status == "succeeded":
         values["result"] = P("result")
     elif status in _TERMINAL:
@@ -241,12 +263,12 @@ def record_attempt(dialect: str, status: str) -> Insert:
         "delivery_count": history.c.delivery_count + excluded.delivery_count,
         "reason": sa.func.coalesce(history.c.reason, excluded.reason),
     }
-    if stamp is not None:
-        # A late "scheduled" or "running" still fills in when that happened; an
-        # outcome's time is only written with the outcome itself.
-        updates[stamp] = sa.func.coalesce(
-            history.c[stamp], if_forward(stamp) if status in _TERMINAL else excluded[stamp]
-        )
+    # A late "scheduled" or "running" still fills in when that happened; an
+    # outcome's time is only written with the outcome itself.
+    for column in _STAMPS:
+        updates[column] = sa.func.coalesce(history.c[column], excluded[column])
+    if ended is not None:
+        updates[ended] = sa.func.coalesce(history.c[ended], if_forward(ended))
     if status in _TERMINAL:
         updates["result"] = (
             if_forward("result")
@@ -270,6 +292,10 @@ def record_attempt(dialect: str, status: str) -> Insert:
 
 
 # --- run outcome ----------------------------------------------------------------
+
+# Spelled without IN: these statements are sent as SQL compiled once, which
+# cannot hold an expanding IN list.
+_still_going = sa.or_(runs.c.status == "running", runs.c.status == "suspended")
 
 touch_run: Final = (
     sa.update(runs).where(runs.c.workflow_run_id == P("run_id")).values(updated_at=P("now"))
@@ -301,7 +327,7 @@ complete_run_if_done: Final = (
     sa.update(runs)
     .where(
         runs.c.workflow_run_id == P("run_id"),
-        runs.c.status.in_(("running", "suspended")),
+        _still_going,
         ~sa.exists().where(
             steps.c.workflow_run_id == runs.c.workflow_run_id,
             steps.c.status != "succeeded",
@@ -312,6 +338,6 @@ complete_run_if_done: Final = (
 
 settle_run: Final = (
     sa.update(runs)
-    .where(runs.c.workflow_run_id == P("run_id"), runs.c.status.in_(("running", "suspended")))
+    .where(runs.c.workflow_run_id == P("run_id"), _still_going)
     .values(status=P("new_status"), error=P("error"), updated_at=P("now"))
 )

@@ -21,6 +21,7 @@ from pikku_celery.store.base import UNSET, ErrorLike, StoreBase, _Unset, like_pr
 __all__ = ["AttemptWrites", "NewRun"]
 
 _ATTEMPT_EVENTS: Final = frozenset({"scheduled", "running", "succeeded", "failed", "cancelled"})
+_ENDED: Final = frozenset({"succeeded", "failed", "cancelled"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,7 @@ class AttemptWrites(StoreBase):
             "retries": retries,
             "retry_delay": None if retry_delay is None else str(retry_delay),
             "from_step_name": from_step_name,
+            "parent_step_id": None,
             "now": timestamp,
             "history_id": new_id(),
             "eta": eta,
@@ -142,16 +144,21 @@ class AttemptWrites(StoreBase):
             raise InvalidStatus("attempt", status, _ATTEMPT_EVENTS)
         if attempt < 1:
             raise ValueError(f"Attempts are numbered from 1, not {attempt}.")
+        timestamp = now()
         params: dict[str, Any] = {
             "step_id": step_id,
             "attempt_no": attempt,
             "history_id": new_id(),
-            "now": now(),
+            "now": timestamp,
             "task_id": task_id,
             "worker": worker,
             "pid": pid,
             "eta": eta,
             "reason": reason,
+            "deliveries": 1 if status == "running" else 0,
+            "scheduled_at": timestamp if status == "scheduled" else None,
+            "running_at": timestamp if status == "running" else None,
+            "ended_at": timestamp if status in _ENDED else None,
         }
         if status == "succeeded":
             params["result"] = self._json(

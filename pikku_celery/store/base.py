@@ -28,7 +28,7 @@ from pikku_celery.store.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, error
 from pikku_celery.store.engine import configure_engine, make_engine, safe_url
 from pikku_celery.store.models import RUN_STATUSES
 
-__all__ = ["UNSET", "ErrorLike", "StoreBase", "new_id", "now"]
+__all__ = ["UNSET", "ErrorLike", "StoreBase", "new_id", "now", "sqlite_value"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def _sqlite_value(value: Any) -> Any:
+def sqlite_value(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         # The format SQLAlchemy's SQLite DateTime writes and reads: naive UTC.
         return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
@@ -221,6 +221,17 @@ class StoreBase:
         parameters need no bind processing: ids, numbers, JSON text the codec
         already made, and aware datetimes, which psycopg sends as timestamptz.
         """
+        sql, constants, order = self._compile(statement)
+        values = {**constants, **params}
+        if order is None:
+            return conn.exec_driver_sql(sql, values)
+        # SQLite: positional parameters, and time as the text SQLAlchemy stores.
+        return conn.exec_driver_sql(sql, tuple(sqlite_value(values[name]) for name in order))
+
+    def _compile(
+        self, statement: sa.Executable
+    ) -> tuple[str, dict[str, Any], tuple[str, ...] | None]:
+        """The statement's SQL for this engine, its constants, and its parameter order."""
         known = self._compiled.get(statement)
         if known is None:
             compiled = statement.compile(dialect=self.engine.dialect)  # type: ignore[attr-defined]
@@ -232,12 +243,7 @@ class StoreBase:
             }
             order = tuple(compiled.positiontup) if compiled.positional else None
             known = self._compiled[statement] = (compiled.string, constants, order)
-        sql, constants, order = known
-        values = {**constants, **params}
-        if order is None:
-            return conn.exec_driver_sql(sql, values)
-        # SQLite: positional parameters, and time as the text SQLAlchemy stores.
-        return conn.exec_driver_sql(sql, tuple(_sqlite_value(values[name]) for name in order))
+        return known
 
     def _first_attempt_rows(
         self,

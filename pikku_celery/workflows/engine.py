@@ -89,6 +89,13 @@ class WorkflowEngine:
             orchestrate
         )
         app.task(name=WAKE_TASK, acks_late=True, ignore_result=True, shared=False)(wake)
+        # A step's end replays its run only once that end is committed in SQL,
+        # so the replay never reads the step as unfinished.
+        mirror.on_committed(self._replay_all)
+
+    def _replay_all(self, run_ids: Sequence[str]) -> None:
+        for run_id in run_ids:
+            self.dispatcher.orchestrate(run_id)
 
     @property
     def store(self) -> WorkflowStore:
@@ -147,7 +154,7 @@ class WorkflowEngine:
         self.dispatcher.orchestrate(run_id)
 
     def replay_soon(self, run_id: str) -> None:
-        """A step of the run ended: replay the run (called from signal handlers)."""
+        """Replay the run (after a write that is committed already: the reaper's)."""
         self.dispatcher.orchestrate(run_id)
 
     def recover(self, page: int = 500) -> int:

@@ -1,0 +1,187 @@
+"""The mirror's events: what a signal handler saw, as typed values that fit in the journal.
+
+Every event has an id (unique across processes and machines) and the time it
+happened, which becomes its row's timestamp however late the row is written.
+Values bound for JSON columns travel already encoded (``*_json``): they were
+checked by the store's codec when the event was made, so a value that cannot
+be stored is replaced by a marked placeholder before anything is journaled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+__all__ = [
+    "Adoption",
+    "AttemptEnded",
+    "AttemptRetried",
+    "AttemptStarted",
+    "AttemptSucceeded",
+    "MirrorEvent",
+    "StepPublished",
+    "decode",
+    "encode",
+    "new_event_id",
+]
+
+
+class _EventIds:
+    """Ids made of a random per-process prefix and a counter: unique and cheap."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._counter = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def next(self) -> str:
+        with self._lock:
+            return f"{self._prefix}-{next(self._counter)}"
+
+
+_IDS: Final = _EventIds()
+
+
+def new_event_id() -> str:
+    return _IDS.next()
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorEvent:
+    kind: ClassVar[str] = ""
+    id: str
+    at: float  # seconds since the epoch
+    step_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepPublished(MirrorEvent):
+    """A step's message was sent: it is ``scheduled``, attempt 1.
+
+    ``parent_step_id``: the step it follows (a chain's previous link, the step
+    that published it), by id; ``new_run``: (workflow, input JSON, wire JSON)
+    of the run a lone task makes.
+    """
+
+    kind: ClassVar[str] = "published"
+    run_id: str
+    step_name: str
+    rpc_name: str
+    data_json: str
+    parent_step_id: str | None = None
+    retries: int | None = None
+    retry_delay: str | None = None
+    eta: float | None = None
+    new_run: tuple[str, str, str | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """What a worker knows of a step it runs, to record the step if nobody published it.
+
+    ``published``: the message carries the publisher's headers, so its
+    publisher journaled the step and the worker's events wait for it first.
+    """
+
+    run_id: str
+    step_name: str
+    rpc_name: str
+    published: bool
+    data_json: str | None = None
+    retries: int | None = None
+    retry_delay: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptStarted(MirrorEvent):
+    """Attempt K runs (one delivery of it)."""
+
+    kind: ClassVar[str] = "started"
+    attempt: int
+    worker: str | None
+    pid: int
+    adoption: Adoption | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRetried(MirrorEvent):
+    """Attempt K failed and attempt K+1 is scheduled (at ``eta``)."""
+
+    kind: ClassVar[str] = "retried"
+    attempt: int
+    error_json: str
+    eta: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptSucceeded(MirrorEvent):
+    """Attempt K succeeded. ``orchestrated``: a durable workflow's step, which replays its run."""
+
+    kind: ClassVar[str] = "succeeded"
+    attempt: int
+    run_id: str | None
+    result_json: str
+    orchestrated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnded(MirrorEvent):
+    """Attempt K ended for good, ``failed`` or ``cancelled``.
+
+    ``attempt``/``run_id`` are None when Celery said so from the worker's main
+    process, which does not know them (a rejected message, a hard time limit):
+    the step's current attempt and its run are meant.
+    """
+
+    kind: ClassVar[str] = "ended"
+    attempt: int | None
+    run_id: str | None
+    status: str
+    error_json: str
+    orchestrated: bool = False
+
+
+_KINDS: Final[dict[str, type[MirrorEvent]]] = {
+    cls.kind: cls
+    for cls in (StepPublished, AttemptStarted, AttemptRetried, AttemptSucceeded, AttemptEnded)
+}
+_FIELDS: Final = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()
+}
+
+
+def encode(event: MirrorEvent) -> str:
+    """The event as one line of JSON, for the journal."""
+    document = {name: getattr(event, name) for name in _FIELDS[type(event)]}
+    adoption = document.get("adoption")
+    if isinstance(adoption, Adoption):
+        document["adoption"] = {f: getattr(adoption, f) for f in _ADOPTION_FIELDS}
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
+
+
+_ADOPTION_FIELDS: Final = tuple(f.name for f in dataclasses.fields(Adoption))
+
+
+def decode(kind: str, payload: str) -> MirrorEvent:
+    """The event a journal line holds; ``ValueError`` if it is not one."""
+    cls = _KINDS.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown mirror event kind {kind!r}")
+    document: dict[str, Any] = json.loads(payload)
+    if cls is AttemptStarted and document.get("adoption") is not None:
+        document["adoption"] = Adoption(**document["adoption"])
+    if cls is StepPublished and document.get("new_run") is not None:
+        document["new_run"] = tuple(document["new_run"])
+    try:
+        return cls(**document)
+    except TypeError as exc:
+        raise ValueError(f"a {kind} event with the wrong fields: {exc}") from exc

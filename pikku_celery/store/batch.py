@@ -1,0 +1,107 @@
+"""What one group commit of the mirror writes: new steps, attempt transitions, run outcomes.
+
+Plain values, already coalesced by the caller (one transition per step and
+attempt) and with every JSON value already encoded by the store's codec, so
+applying a batch does no serialisation and no per-event work in Python
+beyond binding parameters. Knows nothing of Celery.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+__all__ = ["BatchResult", "MirrorBatch", "NewStep", "RunOutcome", "StepTransition"]
+
+TRANSITION_STATUSES: Final = frozenset({"scheduled", "running", "succeeded", "failed", "cancelled"})
+
+
+@dataclass(frozen=True, slots=True)
+class NewStep:
+    """A published step: scheduled with attempt 1, under the first free name in its run.
+
+    ``parent_step_id`` is the step it follows, by id: its name is looked up
+    when the row is written, so it is right even when the parent got a
+    ``#N`` suffix. A ``run_workflow`` makes the step's run too (a lone task).
+    """
+
+    run_id: str
+    step_id: str
+    step_name: str
+    rpc_name: str | None
+    data_json: str
+    at: dt.datetime
+    parent_step_id: str | None = None
+    from_step_name: str | None = None
+    retries: int | None = None
+    retry_delay: str | None = None
+    eta: dt.datetime | None = None
+    run_workflow: str | None = None
+    run_input_json: str | None = None
+    run_wire_json: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepTransition:
+    """Attempt ``attempt`` of a step moved on; ``None``: the step's current attempt.
+
+    Several events of one attempt come as one transition: ``status`` is where
+    they end, and each ``*_at`` is the time of its own event.
+    """
+
+    step_id: str
+    attempt: int | None
+    status: str
+    at: dt.datetime
+    scheduled_at: dt.datetime | None = None
+    running_at: dt.datetime | None = None
+    ended_at: dt.datetime | None = None
+    result_json: str | None = None
+    error_json: str | None = None
+    task_id: str | None = None
+    worker: str | None = None
+    pid: int | None = None
+    eta: dt.datetime | None = None
+    reason: str | None = None
+    delivery_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """What a step's end means for its run (found from the step when ``run_id`` is None).
+
+    ``complete``: the run completes if every step of it succeeded. ``failed``
+    and ``cancelled`` end a run that is still going. ``replay``: a durable
+    workflow's run decides its outcome itself; it is only reported back.
+    """
+
+    step_id: str
+    run_id: str | None
+    kind: Literal["complete", "failed", "cancelled", "replay"]
+    at: dt.datetime
+    error_json: str | None = None
+
+
+@dataclass(slots=True)
+class MirrorBatch:
+    steps: list[NewStep] = field(default_factory=list)
+    transitions: list[StepTransition] = field(default_factory=list)
+    outcomes: list[RunOutcome] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.steps) + len(self.transitions) + len(self.outcomes)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What a committed batch did.
+
+    ``missing``: steps named by a transition or outcome (or the parent of a
+    new step) that are not in the database; nothing of theirs was written.
+    ``replay``: durable-workflow runs whose step ended, to replay now that
+    it is committed.
+    """
+
+    missing: frozenset[str]
+    replay: tuple[str, ...]

@@ -1,0 +1,246 @@
+"""The mirror's group commit: a whole batch of new steps, transitions and outcomes at once.
+
+One transaction per batch. First one read of every step the batch names (is
+it there, which attempt is current, which run is it in), then each kind of
+statement sent once with all its parameter sets. Applying the same batch
+twice changes nothing: every statement is guarded to move rows only
+forward, and deliveries are counted through a ledger of event ids.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from pikku_celery.errors import InvalidStatus
+from pikku_celery.store import attempt_queries as aq
+from pikku_celery.store import batch_queries as bq
+from pikku_celery.store.base import StoreBase, like_prefix, new_id, sqlite_value
+from pikku_celery.store.batch import (
+    TRANSITION_STATUSES,
+    BatchResult,
+    MirrorBatch,
+    NewStep,
+    RunOutcome,
+    StepTransition,
+)
+
+__all__ = ["BatchWrites"]
+
+
+def _is_workflow(wire: Any) -> bool:
+    return isinstance(wire, dict) and wire.get("type") == "workflow"
+
+
+class BatchWrites(StoreBase):
+    def apply_batch(self, batch: MirrorBatch, *, conn: sa.Connection | None = None) -> BatchResult:
+        """Write a batch in one transaction (the caller's, if given); see :class:`BatchResult`."""
+        for transition in batch.transitions:
+            if transition.status not in TRANSITION_STATUSES:
+                raise InvalidStatus("attempt", transition.status, TRANSITION_STATUSES)
+        with self._tx(conn) as c:
+            return self._apply(c, batch)
+
+    def prune_deliveries(self, before: dt.datetime) -> int:
+        """Forget counted deliveries older than ``before`` (a journal older than that is
+        no longer protected against counting its deliveries twice)."""
+        with self._tx(None) as c:
+            return int(c.execute(bq.prune_deliveries, {"before": before}).rowcount)
+
+    # --- the steps of one batch ---------------------------------------------------
+
+    def _apply(self, c: sa.Connection, batch: MirrorBatch) -> BatchResult:
+        new_ids = {step.step_id for step in batch.steps}
+        wanted = {t.step_id for t in batch.transitions} | {o.step_id for o in batch.outcomes}
+        wanted |= {s.parent_step_id for s in batch.steps if s.parent_step_id is not None}
+        known: dict[str, tuple[int, str, Any]] = {}
+        lookup = sorted(wanted - new_ids)
+        if lookup:
+            for step_id, attempt, run_id, wire in c.execute(bq.known_steps, {"step_ids": lookup}):
+                known[step_id] = (int(attempt or 1), run_id, wire)
+
+        placed, missing = self._place_steps(c, batch.steps, known)
+        for step in placed:
+            known.setdefault(step.step_id, (1, step.run_id, None))
+        self._write_steps(c, placed)
+
+        transitions = [t for t in batch.transitions if t.step_id in known]
+        missing |= {t.step_id for t in batch.transitions if t.step_id not in known}
+        counted = self._count_deliveries(c, transitions)
+        self._write_transitions(c, transitions, known, counted)
+
+        outcomes = [o for o in batch.outcomes if o.step_id in known]
+        missing |= {o.step_id for o in batch.outcomes if o.step_id not in known}
+        replay = self._write_outcomes(c, outcomes, known)
+        return BatchResult(frozenset(missing), tuple(replay))
+
+    def _place_steps(
+        self,
+        c: sa.Connection,
+        new: Sequence[NewStep],
+        known: dict[str, tuple[int, str, Any]],
+    ) -> tuple[list[NewStep], set[str]]:
+        """The new steps that can be written now: their run and the step they follow exist."""
+        made_runs = {s.run_id for s in new if s.run_workflow is not None}
+        runs_needed = sorted({s.run_id for s in new if s.run_workflow is None} - made_runs)
+        existing_runs = made_runs
+        if runs_needed:
+            found = c.execute(bq.known_runs, {"run_ids": runs_needed}).scalars()
+            existing_runs = made_runs | set(found)
+        placed: list[NewStep] = []
+        missing: set[str] = set()
+        present = set(known)
+        for step in new:
+            parent = step.parent_step_id
+            if step.run_id not in existing_runs or (parent is not None and parent not in present):
+                missing.add(step.step_id)
+                continue
+            placed.append(step)
+            present.add(step.step_id)
+        return placed, missing
+
+    def _write_steps(self, c: sa.Connection, placed: Sequence[NewStep]) -> None:
+        if not placed:
+            return
+        rows = [
+            {
+                "run_id": s.run_id,
+                "step_id": s.step_id,
+                "base_name": s.step_name,
+                "name_pattern": like_prefix(s.step_name, "#%"),
+                "rpc_name": s.rpc_name,
+                "data": s.data_json,
+                "retries": s.retries,
+                "retry_delay": s.retry_delay,
+                "from_step_name": s.from_step_name,
+                "parent_step_id": s.parent_step_id,
+                "now": s.at,
+                "history_id": new_id(),
+                "eta": s.eta,
+                "task_id": s.step_id,
+                "run_workflow": s.run_workflow,
+                "run_input": s.run_input_json,
+                "run_wire": s.run_wire_json,
+            }
+            for s in placed
+        ]
+        if self._pg:
+            # Steps of lone tasks bring their run; the two shapes never share a run,
+            # so sending each shape as its own batch keeps names in publish order.
+            for with_run in (True, False):
+                same = [r for r, s in zip(rows, placed) if (s.run_workflow is not None) is with_run]
+                self._many(c, aq.schedule_step_pg(with_run), same)
+            return
+        run_rows = [
+            {
+                "workflow_run_id": r["run_id"],
+                "workflow": r["run_workflow"],
+                "status": "running",
+                "input": r["run_input"],
+                "state": "{}",
+                "wire": r["run_wire"],
+                "created_at": r["now"],
+                "updated_at": r["now"],
+            }
+            for r in rows
+            if r["run_workflow"] is not None
+        ]
+        if run_rows:
+            c.execute(aq.insert_run_once(self.dialect), run_rows)
+        self._many(c, aq.schedule_step(self.dialect), rows)
+        self._many(c, aq.schedule_attempt(self.dialect), rows)
+
+    def _count_deliveries(self, c: sa.Connection, transitions: Iterable[StepTransition]) -> set[str]:
+        rows = [
+            {"event_id": event_id, "created_at": t.running_at or t.at}
+            for t in transitions
+            for event_id in t.delivery_ids
+        ]
+        if not rows:
+            return set()
+        return set(c.execute(bq.count_deliveries(self.dialect), rows).scalars())
+
+    def _write_transitions(
+        self,
+        c: sa.Connection,
+        transitions: Sequence[StepTransition],
+        known: dict[str, tuple[int, str, Any]],
+        counted: set[str],
+    ) -> None:
+        by_status: dict[str, list[dict[str, Any]]] = {}
+        for t in transitions:
+            by_status.setdefault(t.status, []).append(
+                {
+                    "step_id": t.step_id,
+                    "attempt_no": t.attempt if t.attempt is not None else known[t.step_id][0],
+                    "history_id": new_id(),
+                    "now": t.at,
+                    "scheduled_at": t.scheduled_at,
+                    "running_at": t.running_at,
+                    "ended_at": t.ended_at,
+                    "result": t.result_json,
+                    "error": t.error_json,
+                    "task_id": t.task_id,
+                    "worker": t.worker,
+                    "pid": t.pid,
+                    "eta": t.eta,
+                    "reason": t.reason,
+                    "deliveries": sum(1 for d in t.delivery_ids if d in counted),
+                }
+            )
+        # One transition per attempt, so the order between statuses does not
+        # matter: each statement's guard decides alone whether it moves a row.
+        for status, rows in by_status.items():
+            if not self._pg:
+                self._many(c, aq.record_attempt_step(status), rows)
+            self._many(c, aq.record_attempt(self.dialect, status), rows)
+
+    def _write_outcomes(
+        self,
+        c: sa.Connection,
+        outcomes: Sequence[RunOutcome],
+        known: dict[str, tuple[int, str, Any]],
+    ) -> list[str]:
+        complete: dict[str, dt.datetime] = {}
+        settle: list[dict[str, Any]] = []
+        replay: list[str] = []
+        for o in outcomes:
+            _, run_of_step, wire = known[o.step_id]
+            run_id = o.run_id or run_of_step
+            if o.kind == "replay" or (o.run_id is None and _is_workflow(wire)):
+                if run_id not in replay:
+                    replay.append(run_id)
+            elif o.kind == "complete":
+                complete[run_id] = max(o.at, complete.get(run_id, o.at))
+            else:
+                settle.append(
+                    {"run_id": run_id, "new_status": o.kind, "error": o.error_json, "now": o.at}
+                )
+        if settle:
+            self._many(c, aq.settle_run, settle)
+        if complete:
+            rows = [{"run_id": run_id, "now": at} for run_id, at in sorted(complete.items())]
+            # Touched first, in one order: two batches finishing steps of the same
+            # runs lock them in the same order and never deadlock.
+            self._many(c, aq.touch_run, rows)
+            self._many(c, aq.complete_run_if_done, rows)
+        return replay
+
+    def _many(self, c: sa.Connection, statement: sa.Executable, rows: list[dict[str, Any]]) -> None:
+        """One statement, many parameter sets: one round trip (pipeline mode on psycopg)."""
+        if not rows:
+            return
+        if len(rows) == 1:
+            self._run_compiled(c, statement, rows[0])
+            return
+        sql, constants, order = self._compile(statement)
+        if order is None:
+            c.exec_driver_sql(sql, [{**constants, **row} for row in rows])
+        else:
+            values = [{**constants, **row} for row in rows]
+            c.exec_driver_sql(
+                sql, [tuple(sqlite_value(v[name]) for name in order) for v in values]
+            )

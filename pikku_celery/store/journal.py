@@ -1,0 +1,224 @@
+"""The mirror's local journal: every event is appended here before it goes to SQL.
+
+One SQLite file (WAL) per process and mirror, in a folder per database. A
+process holds an exclusive ``flock`` on its file's lock while it lives, so a
+file whose lock can be taken belongs to a process that is gone (stopped,
+recycled, killed): any other process may adopt it, write its events and
+delete it. SQLite in WAL mode keeps every committed append through a crash
+of the process whatever ``synchronous`` says; ``synchronous=NORMAL`` skips the
+fsync, so a crash of the whole machine can lose the last appends.
+
+An event leaves the journal only once the batch holding it has committed. An
+event that must wait (its step is not in SQL yet) is deferred in place; one
+that can never be written is set aside in the same file, kept for a person
+to look at, and never blocks the events behind it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import socket
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+__all__ = [
+    "ENV_JOURNAL_DIR",
+    "Journal",
+    "JournalEntry",
+    "default_journal_dir",
+    "journal_depth",
+    "journal_folder",
+    "orphaned_journals",
+]
+
+ENV_JOURNAL_DIR: Final = "PIKKU_JOURNAL_DIR"
+SUFFIX: Final = ".journal"
+
+_SCHEMA: Final = (
+    "CREATE TABLE IF NOT EXISTS events ("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, payload TEXT NOT NULL,"
+    " not_before REAL NOT NULL DEFAULT 0, deferred_since REAL)",
+    "CREATE TABLE IF NOT EXISTS set_aside ("
+    " seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, payload TEXT NOT NULL,"
+    " reason TEXT NOT NULL, at REAL NOT NULL)",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    seq: int
+    kind: str
+    payload: str
+    deferred_since: float | None = None
+
+
+def default_journal_dir() -> Path:
+    """``PIKKU_JOURNAL_DIR``, else the user's state folder, else the temp folder."""
+    configured = os.environ.get(ENV_JOURNAL_DIR)
+    if configured:
+        return Path(configured)
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    candidate = Path(state) / "pikku-celery" / "journal"
+    try:
+        candidate.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        # A container user without a writable home still gets a journal.
+        return Path(tempfile.gettempdir()) / f"pikku-celery-journal-{os.getuid()}"
+    return candidate
+
+
+def journal_folder(root: Path, database_key: str) -> Path:
+    """The folder for one database: a journal is only ever written into its own database."""
+    digest = hashlib.sha256(database_key.encode()).hexdigest()[:16]
+    return root / digest
+
+
+class Journal:
+    """One journal file, locked for as long as it is open (``OSError`` if another holds it)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock_file = open(f"{path}.lock", "a+b")  # noqa: SIM115 - held while open
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.close()
+            raise
+        self._mutex = threading.Lock()
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        for statement in _SCHEMA:
+            self._db.execute(statement)
+
+    @classmethod
+    def for_process(cls, folder: Path, owner: object = None) -> Journal:
+        """This process's journal in ``folder``; ``owner`` tells apart two mirrors in one process."""
+        name = f"{socket.gethostname()}-{os.getpid()}-{id(owner):x}{SUFFIX}"
+        return cls(folder / name)
+
+    def append(self, kind: str, payload: str) -> None:
+        """Durable against the death of this process once it returns."""
+        with self._mutex:
+            self._db.execute("INSERT INTO events (kind, payload) VALUES (?, ?)", (kind, payload))
+
+    def peek(self, limit: int, now: float) -> list[JournalEntry]:
+        """The oldest events that are due (not deferred past ``now``), in order."""
+        with self._mutex:
+            rows = self._db.execute(
+                "SELECT seq, kind, payload, deferred_since FROM events"
+                " WHERE not_before <= ? ORDER BY seq LIMIT ?",
+                (now, limit),
+            ).fetchall()
+        return [JournalEntry(int(s), str(k), str(p), d) for s, k, p, d in rows]
+
+    def remove(self, seqs: Iterable[int]) -> None:
+        with self._mutex:
+            self._db.executemany("DELETE FROM events WHERE seq = ?", [(s,) for s in seqs])
+
+    def defer(self, seqs: Iterable[int], until: float, now: float) -> None:
+        """Try these again at ``until``; ``deferred_since`` keeps when they first waited."""
+        with self._mutex:
+            self._db.executemany(
+                "UPDATE events SET not_before = ?, deferred_since = coalesce(deferred_since, ?)"
+                " WHERE seq = ?",
+                [(until, now, s) for s in seqs],
+            )
+
+    def set_aside(self, entry: JournalEntry, reason: str, now: float) -> None:
+        """Keep an event that can never be written out of the way, in the same file."""
+        with self._mutex:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO set_aside (seq, kind, payload, reason, at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (entry.seq, entry.kind, entry.payload, reason[:2000], now),
+                )
+                self._db.execute("DELETE FROM events WHERE seq = ?", (entry.seq,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def next_due(self) -> float | None:
+        """When the earliest event is due (0 for one due now); None when there is none."""
+        with self._mutex:
+            row = self._db.execute("SELECT min(not_before) FROM events").fetchone()
+        return None if row[0] is None else float(row[0])
+
+    def depth(self) -> int:
+        with self._mutex:
+            return int(self._db.execute("SELECT count(*) FROM events").fetchone()[0])
+
+    def set_aside_count(self) -> int:
+        with self._mutex:
+            return int(self._db.execute("SELECT count(*) FROM set_aside").fetchone()[0])
+
+    def close(self, *, delete_if_empty: bool = True) -> None:
+        with self._mutex:
+            empty = (
+                self._db.execute(
+                    "SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM set_aside)"
+                ).fetchone()[0]
+                == 0
+            )
+            self._db.close()
+        if empty and delete_if_empty:
+            for leftover in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
+        self._lock_file.close()  # releases the flock: the file is anybody's now
+        if empty and delete_if_empty:
+            with contextlib.suppress(FileNotFoundError):
+                Path(f"{self.path}.lock").unlink()
+
+
+def orphaned_journals(folder: Path) -> Iterator[Journal]:
+    """Journals left by processes that are gone, each opened (and locked) for adoption."""
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.glob(f"*{SUFFIX}")):
+        try:
+            journal = Journal(path)
+        except OSError:
+            continue  # its process is alive, or another process adopted it first
+        except sqlite3.Error:
+            continue  # being deleted right now by the process that emptied it
+        yield journal
+
+
+def journal_depth(root: Path, *, only: str = "*", table: str = "events") -> int:
+    """Events waiting in every journal under ``root`` (or its database folder ``only``).
+
+    ``table="set_aside"`` counts the events set aside instead.
+    """
+    if table not in ("events", "set_aside"):
+        raise ValueError("table is 'events' or 'set_aside'")
+    total = 0
+    if not root.is_dir():
+        return 0
+    query = "SELECT count(*) FROM set_aside" if table == "set_aside" else _COUNT_EVENTS
+    for path in root.glob(f"{only}/*{SUFFIX}"):
+        try:
+            with contextlib.closing(
+                sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1)
+            ) as db:
+                total += int(db.execute(query).fetchone()[0])
+        except sqlite3.Error:
+            continue  # being deleted right now, or not a journal
+    return total
+
+
+_COUNT_EVENTS: Final = "SELECT count(*) FROM events"
