@@ -117,17 +117,13 @@ class Scenario:
 
 
 SCENARIOS: Final = (
-    Scenario("plain", "a", "(a) plain, no result backend", None),
-    Scenario("plain_events", "a+e", "(a+e) plain + task events", None, events=True),
-    Scenario(
-        "dbbackend", "b", "(b) SQLAlchemy backend, PostgreSQL", RESULTS_DATABASE, backend="db"
-    ),
-    Scenario("pikku", "c", "(c) pikku mirror, PostgreSQL", MIRROR_DATABASE, mirror=True),
-    Scenario(
-        "pikku_events", "c+e", "(c+e) pikku mirror + task events", MIRROR_DATABASE, True, True
-    ),
-    Scenario("redisbackend", "d", "(d) Redis result backend", None, backend="redis"),
-    Scenario("pikku_sqlite", "s", "(s) pikku mirror, SQLite", "sqlite", mirror=True),
+    Scenario("plain", "a", "(a) plain", None),
+    Scenario("plain_events", "a+e", "(a+e) plain, events", None, events=True),
+    Scenario("dbbackend", "b", "(b) SQLAlchemy backend", RESULTS_DATABASE, backend="db"),
+    Scenario("pikku", "c", "(c) mirror, PostgreSQL", MIRROR_DATABASE, mirror=True),
+    Scenario("pikku_events", "c+e", "(c+e) mirror, PG, events", MIRROR_DATABASE, True, True),
+    Scenario("redisbackend", "d", "(d) Redis backend", None, backend="redis"),
+    Scenario("pikku_sqlite", "s", "(s) mirror, SQLite", "sqlite", mirror=True),
 )
 BY_KEY: Final = {scenario.key: scenario for scenario in SCENARIOS}
 # The prefork matrix: every scenario but the SQLite one, both variants.
@@ -197,14 +193,17 @@ class StatsRecorder:
     events and the first connection stay out of the figures.
     """
 
-    def __init__(self, pikku: PikkuCelery, folder: Path) -> None:
-        self.pikku = pikku
+    def __init__(self, folder: Path) -> None:
+        self.pikku: PikkuCelery | None = None
         self.folder = folder
         self.marks: dict[int, dict[str, Any] | None] = {}
 
+    def snapshot(self) -> dict[str, Any] | None:
+        return delivery_snapshot(self.pikku) if self.pikku is not None else None
+
     def mark(self) -> None:
         if os.getpid() not in self.marks:
-            self.marks[os.getpid()] = delivery_snapshot(self.pikku)
+            self.marks[os.getpid()] = self.snapshot()
 
     def on_prerun(self, sender: Any = None, args: Any = None, **_: Any) -> None:
         if os.getpid() in self.marks or not str(getattr(sender, "name", "")).startswith("bench."):
@@ -217,27 +216,29 @@ class StatsRecorder:
         record = {
             "role": role,
             "pid": pid,
-            "total": delivery_snapshot(self.pikku),
+            "total": self.snapshot(),
             "mark": self.marks.get(pid),
             "marked": pid in self.marks,
         }
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / f"{role}-{pid}.json").write_text(json.dumps(record))
 
-    def install(self) -> None:
+    def install_mark(self) -> None:
+        """Connected before PikkuCelery's handlers: the mark precedes the task's first event."""
+        signals.task_prerun.connect(self.on_prerun, weak=False, dispatch_uid="bench.mark")
+
+    def install_dumps(self, pikku: PikkuCelery) -> None:
+        """Connected after PikkuCelery's handlers, so these run after the mirror's own."""
+        self.pikku = pikku
+
         def child(**_: Any) -> None:
             self.dump("child")
 
         def main(**_: Any) -> None:
             self.dump("main")
 
-        # Connected after PikkuCelery's own handlers, so these run after the mirror's.
-        for sig, handler, uid in (
-            (signals.task_prerun, self.on_prerun, "mark"),
-            (signals.worker_process_shutdown, child, "child_stats"),
-            (signals.worker_shutdown, main, "main_stats"),
-        ):
-            sig.connect(handler, weak=False, dispatch_uid=f"bench.{uid}")
+        signals.worker_process_shutdown.connect(child, weak=False, dispatch_uid="bench.child")
+        signals.worker_shutdown.connect(main, weak=False, dispatch_uid="bench.main")
 
 
 @dataclass
@@ -270,6 +271,9 @@ def build_app(
     if local_dir is not None:
         # Where the mirror keeps its local files (spool or journal), whatever it calls them.
         app.conf.update(pikku_spool_dir=str(local_dir), pikku_journal_dir=str(local_dir))
+    recorder = StatsRecorder(stats_dir) if scenario.mirror and stats_dir is not None else None
+    if recorder is not None:
+        recorder.install_mark()
     pikku = PikkuCelery(app, database_url=database_url) if scenario.mirror else None
     forced = pikku is not None and bool(app.conf.worker_send_task_events)
     app.conf.update(worker_send_task_events=scenario.events, task_send_sent_event=scenario.events)
@@ -287,10 +291,8 @@ def build_app(
             raise self.retry(countdown=0)
 
     signals.task_postrun.connect(_count_done, weak=False, dispatch_uid="bench.count_done")
-    recorder = None
-    if pikku is not None and stats_dir is not None:
-        recorder = StatsRecorder(pikku, stats_dir)
-        recorder.install()
+    if recorder is not None and pikku is not None:
+        recorder.install_dumps(pikku)
     return BenchApp(app, pikku, forced, recorder)
 
 
@@ -779,7 +781,7 @@ class Bench:
             check,
         )
         line = (
-            f"[{progress}] round {round_no + 1}  {POOL_LABELS[pool]:<12} {scenario.label:<36} "
+            f"[{progress}] round {round_no + 1}  {POOL_LABELS[pool]:<12} {scenario.label:<24} "
             f"{VARIANT_LABELS[variant]:<10} {run.rate:8.1f} tasks/s"
         )
         if run.commits_per_task is not None:
@@ -1098,7 +1100,6 @@ def report_delivery(runs: Sequence[Run]) -> list[str]:
                         pool,
                         scenario.label,
                         VARIANT_LABELS[variant],
-                        f"{top.rate:.1f}",
                         f"{top.settle * 1000:.0f}",
                         fmt(d.lag(0.5), ".1f", 1000),
                         fmt(p99, ".1f", 1000),
@@ -1113,9 +1114,9 @@ def report_delivery(runs: Sequence[Run]) -> list[str]:
                 )
     table(
         [
-            "pool", "scenario", "variant", "tasks/s", "settle ms", "lag p50 ms", "lag p99 ms",
-            "lag max ms", "p99 target", "procs", "appended/written", "batches/task",
-            "commits/task", "commits target",
+            "pool", "scenario", "variant", "settle ms", "lag p50 ms", "lag p99 ms",
+            "lag max ms", "p99", "procs", "appended/written", "batches/task",
+            "commits/task", "commits",
         ],
         rows,
     )  # fmt: skip

@@ -168,7 +168,8 @@ class _Planner:
             row.running_at = event.at
         row.task_id, row.worker, row.pid = event.step_id, event.worker or row.worker, event.pid
         row.reason = row.reason or ("first" if event.attempt == 1 else "retry")
-        row.delivery_ids.append(event.id)
+        if event.id not in row.delivery_ids:  # the same event twice is one delivery
+            row.delivery_ids.append(event.id)
 
     def retried(self, event: AttemptRetried) -> None:
         self.ended(event.step_id, event.attempt, "failed", event.at, error_json=event.error_json)

@@ -75,8 +75,10 @@ class Delivery:
         batch_size: int = BATCH_SIZE,
         adopt_interval: float = ADOPT_INTERVAL,
         grace: float = GRACE,
+        background: bool = True,
     ) -> None:
         self._store = store
+        self.background = background
         self._folder = folder
         self.flush_interval = flush_interval
         self.batch_size = batch_size
@@ -135,6 +137,8 @@ class Delivery:
         self._open()
 
     def _start(self) -> None:
+        if not self.background:
+            return  # the owner calls flush() itself
         if self._thread is None or not self._thread.is_alive():
             self._closing = False
             self._thread = threading.Thread(

@@ -85,6 +85,7 @@ class CeleryMirror:
 
     ``journal_dir`` is where each process's journal lives (default
     ``PIKKU_JOURNAL_DIR``, else ``~/.local/state/pikku-celery/journal``).
+    ``background=False``: no flusher thread; the owner calls :meth:`flush`.
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class CeleryMirror:
         batch_size: int = BATCH_SIZE,
         adopt_interval: float = ADOPT_INTERVAL,
         grace: float = GRACE,
+        background: bool = True,
     ):
         self._store = store
         self._pid = os.getpid()
@@ -108,6 +110,7 @@ class CeleryMirror:
             batch_size=batch_size,
             adopt_interval=adopt_interval,
             grace=grace,
+            background=background,
         )
 
     @property

@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 from pikku_celery import WorkflowStore
 from pikku_celery.dashboard.metrics import escape_label, format_metrics
 from pikku_celery.store.engine import safe_url
-from pikku_celery.store.spool import Spool, spool_folder
+from pikku_celery.store.journal import Journal, journal_folder
 from pikku_celery.store.stats import AttemptTotals, OpenStepCounts
 from tests.dashboard.conftest import Seeded
 
@@ -94,19 +94,19 @@ def test_format_is_one_sample_per_line() -> None:
     assert "Steps scheduled over 90.5 seconds ago" in text
 
 
-def test_spool_depth_counts_events_waiting_on_this_machine(
+def test_journal_depth_counts_events_waiting_on_this_machine(
     client: TestClient, store: WorkflowStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PIKKU_SPOOL_DIR", str(tmp_path))
-    assert samples(client.get("/metrics").text)["pikku_celery_spool_events"] == "0"
-    folder = spool_folder(tmp_path, safe_url(store.engine.url))
-    left = Spool(folder / "worker-1.spool")
+    monkeypatch.setenv("PIKKU_JOURNAL_DIR", str(tmp_path))
+    assert samples(client.get("/metrics").text)["pikku_celery_journal_events"] == "0"
+    folder = journal_folder(tmp_path, safe_url(store.engine.url))
+    left = Journal(folder / "worker-1.journal")
     for n in range(3):
         left.append("started", json.dumps({"n": n}))
-    other = Spool(spool_folder(tmp_path, "postgresql://elsewhere/db") / "w-2.spool")
-    other.append("started", "{}")  # another database's spool is not this one's backlog
+    other = Journal(journal_folder(tmp_path, "postgresql://elsewhere/db") / "w-2.journal")
+    other.append("started", "{}")  # another database's journal is not this one's backlog
     try:
-        assert samples(client.get("/metrics").text)["pikku_celery_spool_events"] == "3"
+        assert samples(client.get("/metrics").text)["pikku_celery_journal_events"] == "3"
     finally:
         left.close()
         other.close()

@@ -1,138 +1,308 @@
-"""The mirror between Celery's events and the store: isolated, convergent, never in the way."""
+"""The mirror between Celery's events and the store: journaled, batched, convergent, never
+in the way. Flushes are made by the tests here (``background=False``) so each
+batch holds exactly what a test says."""
 
 from __future__ import annotations
 
 import datetime as dt
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
+from pikku_celery.integration.apply import Pending, plan
+from pikku_celery.integration.events import MirrorEvent, decode
 from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
 from pikku_celery.store.attempt_writes import NewRun
+from tests.support.statements import count_statements
 
 Event = Callable[[CeleryMirror, str, str], None]
+ERROR = {"type": "ValueError", "message": "t", "traceback": None}
 
 
-def publish(mirror: CeleryMirror) -> tuple[str, str]:
-    step_id = str(uuid.uuid4())
-    name = mirror.published(
-        PublishedStep(
-            run_id=step_id,
-            step_id=step_id,
-            step_name="charge",
-            rpc_name="shop.charge",
-            data={"args": [1], "kwargs": {}},
-            new_run=NewRun("shop.charge", {"args": [1]}),
-        )
+def mirror_of(store: WorkflowStore, tmp_path: Path) -> CeleryMirror:
+    return CeleryMirror(store, journal_dir=tmp_path / uuid.uuid4().hex, background=False)
+
+
+def lone(step_id: str, name: str = "charge") -> PublishedStep:
+    return PublishedStep(
+        run_id=step_id,
+        step_id=step_id,
+        step_name=name,
+        rpc_name=f"shop.{name}",
+        data={"args": [1], "kwargs": {}},
+        new_run=NewRun(f"shop.{name}", {"args": [1]}, {"type": "task"}),
     )
-    assert name == "charge"
-    return step_id, step_id
-
-
-def adopt_nothing() -> PublishedStep:
-    raise AssertionError("the step was published; nothing to adopt")
 
 
 # What the handlers hand the mirror for: attempt 1 retried, attempt 2 succeeds.
 STORY: list[tuple[str, Event]] = [
-    ("1 started", lambda m, r, s: m.started(s, 1, worker="w", pid=1, adopt=adopt_nothing)),
+    ("published", lambda m, r, s: m.published(lone(s))),
+    ("1 started", lambda m, r, s: m.started(s, 1, worker="w", pid=1)),
     (
         "1 retried",
-        lambda m, r, s: m.retried(
-            s,
-            1,
-            {"type": "ValueError", "message": "t", "traceback": None},
-            dt.datetime.now(dt.timezone.utc),
-        ),
+        lambda m, r, s: m.retried(s, 1, ERROR, dt.datetime.now(dt.timezone.utc)),
     ),
-    ("2 started", lambda m, r, s: m.started(s, 2, worker="w", pid=2, adopt=adopt_nothing)),
+    ("2 started", lambda m, r, s: m.started(s, 2, worker="w", pid=2)),
     ("2 succeeded", lambda m, r, s: m.succeeded(r, s, 2, {"ok": True})),
 ]
 
 
-def test_handlers_events_in_every_order_converge(store: WorkflowStore) -> None:
-    mirror = CeleryMirror(store)
+def outcome(store: WorkflowStore, run_id: str) -> tuple[object, ...]:
+    run = store.get_run(run_id)
+    history = store.get_run_history(run_id)
+    return (
+        run.status,
+        repr(run.output),
+        tuple((a.attempt, a.status, a.delivery_count) for a in history),
+        store.get_step_state(run_id, "charge").status,
+    )
+
+
+EXPECTED = ("completed", repr({"ok": True}), ((1, "failed", 1), (2, "succeeded", 1)), "succeeded")
+
+
+def test_events_in_every_order_and_batching_converge(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
     outcomes = set()
-    for order in itertools.permutations(STORY):
-        run_id, step_id = publish(mirror)
-        for _, event in order:
-            event(mirror, run_id, step_id)
-        for _, event in order[:2]:  # and some of them again: duplicates
-            event(mirror, run_id, step_id)
-        history = store.get_run_history(run_id)
-        outcomes.add(
-            (
-                store.get_run(run_id).status,
-                store.get_run(run_id).output == {"ok": True},
-                tuple((a.attempt, a.status) for a in history),
-                store.get_step_state(run_id, "charge").status,
-            )
-        )
-    assert outcomes == {("completed", True, ((1, "failed"), (2, "succeeded")), "succeeded")}
+    # The publish comes first in its own process; the worker's events in any order,
+    # each in a batch of its own or all in one, and the first two of them twice (the
+    # same events again, as a journal written twice holds them).
+    for order in itertools.permutations(STORY[1:]):
+        for together in (False, True):
+            mirror = mirror_of(store, tmp_path)
+            sent: list[MirrorEvent] = []
+            append = mirror.delivery.append
+            mirror.delivery.append = lambda e: (sent.append(e), append(e))  # type: ignore[method-assign,func-returns-value]
+            step_id = str(uuid.uuid4())
+            for _, event in (STORY[0], *order):
+                event(mirror, step_id, step_id)
+                if not together:
+                    assert mirror.flush()
+            for again in sent[1:3]:
+                append(again)
+                if not together:
+                    assert mirror.flush()
+            assert mirror.flush()
+            outcomes.add(outcome(store, step_id))
+            mirror.close()
+    assert outcomes == {EXPECTED}
+
+
+def test_a_batch_applied_twice_changes_nothing(store: WorkflowStore, tmp_path: Path) -> None:
+    mirror = mirror_of(store, tmp_path)
+    step_id = str(uuid.uuid4())
+    for _, event in STORY:
+        event(mirror, step_id, step_id)
+    journal = mirror.delivery._open()
+    pending = [Pending(e.seq, decode(e.kind, e.payload)) for e in journal.peek(100, time.time())]
+    batch = plan(pending)
+    store.apply_batch(batch)
+    first = outcome(store, step_id)
+    store.apply_batch(batch)  # a COMMIT whose outcome was lost, or a journal adopted twice
+    assert outcome(store, step_id) == first == EXPECTED
+    mirror.close(timeout=1)
+
+
+def test_a_task_that_ends_before_its_start_is_flushed_is_one_write_with_both_times(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    mirror = mirror_of(store, tmp_path)
+    step_id = str(uuid.uuid4())
+    mirror.published(lone(step_id))
+    assert mirror.flush()
+    mirror.started(step_id, 1, worker="w", pid=1)
+    time.sleep(0.01)
+    mirror.succeeded(step_id, step_id, 1, 42)
+    with count_statements(store.engine) as statements:
+        assert mirror.flush()
+    [attempt] = store.get_run_history(step_id)
+    assert attempt.status == "succeeded" and attempt.delivery_count == 1
+    assert attempt.running_at is not None and attempt.succeeded_at is not None
+    assert attempt.running_at < attempt.succeeded_at  # each event kept its own time
+    attempt_writes = [s for s in statements.touching("workflow_step_history") if "INSERT" in s]
+    assert len(attempt_writes) == 1  # one transition, not two
+    mirror.close()
 
 
 def test_a_result_that_is_not_json_is_kept_as_a_marked_placeholder(
-    store: WorkflowStore,
+    store: WorkflowStore, tmp_path: Path
 ) -> None:
-    mirror = CeleryMirror(store)
-    run_id, step_id = publish(mirror)
-    mirror.started(step_id, 1, worker="w", pid=1, adopt=adopt_nothing)
-    mirror.succeeded(run_id, step_id, 1, {1, 2, 3})
-    [attempt] = store.get_run_history(run_id)
+    mirror = mirror_of(store, tmp_path)
+    step_id = str(uuid.uuid4())
+    mirror.published(lone(step_id))
+    mirror.started(step_id, 1, worker="w", pid=1)
+    mirror.succeeded(step_id, step_id, 1, {1, 2, 3})
+    assert mirror.flush()
+    [attempt] = store.get_run_history(step_id)
     assert attempt.status == "succeeded"
     assert attempt.result == {
         "__pikku_unserialisable__": True,
         "type": "builtins.set",
         "repr": "{1, 2, 3}",
     }
-    assert store.get_run(run_id).status == "completed"
+    assert store.get_run(step_id).status == "completed"
+    mirror.close()
 
 
-def test_a_step_published_elsewhere_is_adopted_when_it_starts(store: WorkflowStore) -> None:
-    mirror = CeleryMirror(store)
+def test_a_step_published_without_pikku_is_adopted_when_it_starts(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    mirror = mirror_of(store, tmp_path)
     step_id = str(uuid.uuid4())
-    mirror.started(
-        step_id,
-        1,
-        worker="w",
-        pid=3,
-        adopt=lambda: PublishedStep(
-            run_id=step_id,
-            step_id=step_id,
-            step_name="ship",
-            rpc_name="shop.ship",
-            data={},
-            new_run=NewRun("shop.ship", {}),
-        ),
-    )
+    adoption = mirror.adoption(step_id, "ship", "shop.ship", published=False, data={"args": [2]})
+    mirror.started(step_id, 1, worker="w", pid=3, adoption=adoption)
+    assert mirror.flush()
     [attempt] = store.get_run_history(step_id)
     assert (attempt.step_name, attempt.status, attempt.pid) == ("ship", "running", 3)
+    assert store.get_step_state(step_id, "ship").data == {"args": [2]}
+    mirror.close()
 
 
-def test_an_unreachable_database_never_raises_and_keeps_events_in_the_spool(
+def test_a_workers_events_wait_for_the_publish_and_names_keep_publish_order(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    publisher, worker = mirror_of(store, tmp_path), mirror_of(store, tmp_path)
+    run_id = store.create_run("chain", None, wire={"type": "canvas"})
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+
+    def link(step_id: str, parent: str | None) -> PublishedStep:
+        return PublishedStep(run_id, step_id, "add", "shop.add", {}, parent_step_id=parent)
+
+    publisher.published(link(first, None))  # journaled, not flushed yet
+    adoption = worker.adoption(run_id, "add", "shop.add", published=True)
+    worker.started(first, 1, worker="w", pid=1, adoption=adoption)
+    worker.succeeded(run_id, first, 1, 2)
+    worker.published(link(second, first))  # the chain's next link, from the worker
+    assert worker.flush()  # its step and its parent are not in SQL: everything waits
+    assert store.list_step_states(run_id) == []
+    assert worker.journal_depth == 3
+    assert publisher.flush()
+    time.sleep(0.05)  # the first retry of a deferred event
+    assert worker.flush()
+    assert worker.journal_depth == 0
+    steps = {s.step_name: s for s in store.list_step_states(run_id)}
+    assert set(steps) == {"add", "add#2"}
+    assert steps["add"].step_id == first and steps["add"].status == "succeeded"
+    assert steps["add#2"].step_id == second and steps["add#2"].from_step_name == "add"
+    publisher.close()
+    worker.close()
+
+
+def test_a_poison_event_is_set_aside_and_the_rest_of_its_batch_lands(
+    store: WorkflowStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mirror = mirror_of(store, tmp_path)
+    good, bad = str(uuid.uuid4()), str(uuid.uuid4())
+    mirror.published(lone(good))
+    mirror.published(lone(bad))
+    mirror.ended(bad, bad, 1, "exploded", ERROR)  # a status no attempt can have
+    mirror.started(good, 1, worker="w", pid=1)
+    mirror.succeeded(good, good, 1, "fine")
+    with caplog.at_level(logging.ERROR, logger="pikku_celery.integration.delivery"):
+        assert mirror.flush()
+    assert store.get_run(good).status == "completed"
+    assert store.get_step_state(bad, "charge").status == "scheduled"
+    [record] = [r for r in caplog.records if getattr(r, "action", "") == "mirror_event_set_aside"]
+    assert getattr(record, "event", None) == "ended"
+    assert "journal --replay" in record.getMessage()
+    journal = mirror.delivery._open()
+    assert (journal.depth(), journal.set_aside_count()) == (0, 1)
+    mirror.close()
+    assert list(mirror.journal_folder.glob("*.journal"))  # kept: it holds a set-aside event
+
+
+def test_a_failure_from_the_workers_main_process_ends_the_current_attempt_and_run(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    mirror = mirror_of(store, tmp_path)
+    step_id = str(uuid.uuid4())
+    mirror.published(lone(step_id))
+    mirror.started(step_id, 1, worker="w", pid=1)
+    mirror.retried(step_id, 1, ERROR, None)
+    mirror.started(step_id, 2, worker="w", pid=1)
+    assert mirror.flush()
+    # No request context there: no attempt number, no run id.
+    mirror.ended(None, step_id, None, "failed", {**ERROR, "type": "TimeLimitExceeded"})
+    assert mirror.flush()
+    history = store.get_run_history(step_id)
+    assert [(a.attempt, a.status) for a in history] == [(1, "failed"), (2, "failed")]
+    assert history[1].error is not None and history[1].error["type"] == "TimeLimitExceeded"
+    run = store.get_run(step_id)
+    assert run.status == "failed"
+    mirror.close()
+
+
+def test_a_workflow_step_end_is_handed_on_only_after_it_is_committed(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    mirror = mirror_of(store, tmp_path)
+    run_id = store.create_run("checkout", None, wire={"type": "workflow"})
+    step_id = str(uuid.uuid4())
+    assert store.claim_step(run_id, step_id, "charge", "shop.charge", None)
+    seen: list[tuple[str, str]] = []
+
+    def replay(run_ids: object) -> None:
+        # What a replay would read: the step's end is already there.
+        for one in run_ids:  # type: ignore[attr-defined]
+            seen.append((one, store.get_step(step_id).status))
+
+    mirror.on_committed(replay)
+    mirror.started(step_id, 1, worker="w", pid=1)
+    mirror.succeeded(None, step_id, 1, "paid", orchestrated=True)
+    assert seen == []  # journaled only: nothing replays yet
+    assert mirror.flush()
+    assert seen == [(run_id, "succeeded")]
+    assert store.get_run(run_id).status == "running"  # the workflow decides its outcome
+    mirror.close()
+
+
+def test_an_unreachable_database_never_raises_and_keeps_events_in_the_journal(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     dead = WorkflowStore("postgresql://nobody:s3cret@127.0.0.1:1/none")
-    mirror = CeleryMirror(dead, retry_delays=(0.01,), spool_dir=tmp_path, drain_interval=60)
-    with caplog.at_level(logging.WARNING, logger="pikku_celery.integration.mirror"):
-        assert publish_quietly(mirror) is None
+    mirror = CeleryMirror(dead, journal_dir=tmp_path, background=False)
+    with caplog.at_level(logging.WARNING, logger="pikku_celery.integration.delivery"):
+        mirror.published(PublishedStep(run_id="r", step_id="s", step_name="n", rpc_name="t", data={}))
         mirror.succeeded("r", "s", 1, "result")
+        assert mirror.flush() is False
+        assert mirror.flush() is False
     actions = [getattr(r, "action", None) for r in caplog.records]
-    assert actions == ["mirror_spooling"]  # said once per outage, not once per event
+    assert actions == ["mirror_spooling"]  # said once per outage, not once per flush
     assert "cannot reach the workflow database" in caplog.records[0].getMessage()
     assert "s3cret" not in caplog.records[0].getMessage()
-    assert mirror.spool_depth == 2
-    mirror.close()
-    assert mirror.spool_folder.is_dir() and any(mirror.spool_folder.glob("*.spool"))
+    assert mirror.journal_depth == 2
+    mirror.close(timeout=0.5)
+    assert any(mirror.journal_folder.glob("*.journal"))  # left for whoever adopts it
     dead.close()
 
 
-def publish_quietly(mirror: CeleryMirror) -> str | None:
-    return mirror.published(
-        PublishedStep(run_id="r", step_id="s", step_name="n", rpc_name="t", data={})
-    )
+def test_a_batch_is_one_transaction_whatever_it_holds(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    mirror = mirror_of(store, tmp_path)
+    ids = [str(uuid.uuid4()) for _ in range(20)]
+    for step_id in ids:
+        for _, event in STORY:
+            event(mirror, step_id, step_id)
+    ledger = sa.text("SELECT count(*) FROM pikku_celery_deliveries")
+    with store.engine.connect() as conn:
+        before = conn.execute(ledger).scalar_one()
+    with count_statements(store.engine) as statements:
+        assert mirror.flush()
+    assert statements.commits == 1
+    writes = [v for v in statements.verbs() if v in ("INSERT", "UPDATE", "WITH")]
+    # Each kind of statement once for the 20 tasks (100 events), never once per event.
+    assert len(writes) <= 12, writes
+    assert {outcome(store, step_id) for step_id in ids} == {EXPECTED}
+    with store.engine.connect() as conn:
+        counted = conn.execute(ledger).scalar_one() - before
+    assert counted == 40  # two starts per task, each counted once by its event id
+    mirror.close()

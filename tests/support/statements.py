@@ -12,6 +12,7 @@ import sqlalchemy as sa
 class StatementLog:
     def __init__(self) -> None:
         self.statements: list[str] = []
+        self.commits = 0
 
     def __len__(self) -> int:
         return len(self.statements)
@@ -30,8 +31,13 @@ def count_statements(engine: sa.Engine) -> Iterator[StatementLog]:
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         log.statements.append(statement)
 
+    def committed(conn: Any) -> None:
+        log.commits += 1
+
     sa.event.listen(engine, "before_cursor_execute", record)
+    sa.event.listen(engine, "commit", committed)
     try:
         yield log
     finally:
         sa.event.remove(engine, "before_cursor_execute", record)
+        sa.event.remove(engine, "commit", committed)

@@ -54,6 +54,8 @@ class _Pipe:
         self.upstream_eof = False
         self.upstream_shut = False
         self.client_shut = False
+        # The client sent the armed pattern: its server's next reply is never passed on.
+        self.reset_on_reply = False
 
 
 class TcpProxy:
@@ -77,6 +79,7 @@ class TcpProxy:
         self._running = False
         self._pipes: set[_Pipe] = set()
         self._connections_total = 0
+        self._reset_pattern: bytes | None = None
 
     # -- public API ----------------------------------------------------------------------
 
@@ -117,6 +120,16 @@ class TcpProxy:
     def cut(self) -> None:
         self._require_started()
         self._call(self._cut)
+
+    def reset_after_reply_to(self, pattern: bytes) -> None:
+        """The next time a client sends ``pattern``, the server's reply is dropped and that
+        connection reset: the server did the work (a COMMIT, say), the client never hears."""
+        self._require_started()
+
+        def arm() -> None:
+            self._reset_pattern = pattern
+
+        self._call(arm)
 
     def restore(self) -> None:
         self._require_started()
@@ -299,10 +312,20 @@ class TcpProxy:
                     self._flush(pipe.client, pipe.to_client)
                 if events & selectors.EVENT_READ:
                     pipe.client_eof = self._fill(pipe.client, pipe.to_upstream)
+                    pattern = self._reset_pattern
+                    if pattern is not None and pattern in pipe.to_upstream:
+                        self._reset_pattern = None
+                        pipe.reset_on_reply = True
             else:
                 if events & selectors.EVENT_WRITE:
                     self._flush(pipe.upstream, pipe.to_upstream)
                 if events & selectors.EVENT_READ:
+                    if pipe.reset_on_reply and not pipe.to_upstream:
+                        reply = bytearray()
+                        self._fill(pipe.upstream, reply)
+                        if reply:
+                            self._close(pipe, reset=True)
+                            return
                     pipe.upstream_eof = self._fill(pipe.upstream, pipe.to_client)
             self._pass_on_eof(pipe)
         except OSError:

@@ -215,3 +215,21 @@ def test_redis_server_that_cannot_start_reports_its_log(redis_binary: None) -> N
             server.start()
     assert "Address already in use" in str(failure.value)
     assert not server.running
+
+
+def test_a_reset_after_the_reply_to_commit_leaves_the_commit_done_and_the_client_unaware(
+    pg_reachable: None,
+) -> None:
+    with TcpProxy(PG_HOST, PG_PORT) as proxy:
+        table = f"proxy_commit_{os.getpid()}"
+        with psycopg.connect(pg_dsn(PG_PORT), autocommit=True) as direct:
+            direct.execute(f"CREATE TABLE IF NOT EXISTS {table} (n int)")
+            direct.execute(f"TRUNCATE {table}")
+            conn = psycopg.connect(pg_dsn(proxy.port))
+            conn.execute(f"INSERT INTO {table} VALUES (1)")
+            proxy.reset_after_reply_to(b"COMMIT")
+            with pytest.raises(psycopg.OperationalError):
+                conn.commit()
+            conn.close()
+            assert direct.execute(f"SELECT count(*) FROM {table}").fetchone() == (1,)
+            direct.execute(f"DROP TABLE {table}")

@@ -27,8 +27,6 @@ def test_installing_twice_connects_each_handler_once(tmp_path: Path) -> None:
         assert receivers_of(signal) == 1, signal
     assert pikku_signals.registry[id(app)] is second
     assert first.app is second.app
-    assert app.conf.worker_send_task_events is True
-    assert app.conf.task_send_sent_event is True
     del pikku_signals.registry[id(app)]
 
 
@@ -72,15 +70,28 @@ def test_reap_every_schedules_the_reaper_in_celery_beat(tmp_path: Path) -> None:
     assert "pikku_celery.reap" in app.tasks  # a worker of this app runs it
 
 
-def test_the_spool_folder_is_per_database_and_configurable(tmp_path: Path) -> None:
-    app = Celery("spool", broker="memory://", set_as_current=False)
-    app.conf.pikku_spool_dir = str(tmp_path / "conf")
+def test_the_journal_folder_is_per_database_and_configurable(tmp_path: Path) -> None:
+    app = Celery("journal", broker="memory://", set_as_current=False)
+    app.conf.pikku_journal_dir = str(tmp_path / "conf")
     one = PikkuCelery(app, f"sqlite:///{tmp_path / 'one.db'}")
     two = PikkuCelery(app, f"sqlite:///{tmp_path / 'two.db'}")
-    assert one.mirror.spool_folder.parent == tmp_path / "conf"
-    assert one.mirror.spool_folder != two.mirror.spool_folder
-    three = PikkuCelery(app, f"sqlite:///{tmp_path / 'one.db'}", spool_dir=str(tmp_path / "arg"))
-    assert three.mirror.spool_folder.parent == tmp_path / "arg"
+    assert one.mirror.journal_folder.parent == tmp_path / "conf"
+    assert one.mirror.journal_folder != two.mirror.journal_folder
+    three = PikkuCelery(
+        app, f"sqlite:///{tmp_path / 'one.db'}", journal_dir=str(tmp_path / "arg")
+    )
+    assert three.mirror.journal_folder.parent == tmp_path / "arg"
+
+
+def test_task_events_stay_the_users_choice(tmp_path: Path) -> None:
+    app = Celery("events", broker="memory://", set_as_current=False)
+    PikkuCelery(app, f"sqlite:///{tmp_path / 'e.db'}")
+    assert not app.conf.worker_send_task_events
+    assert not app.conf.task_send_sent_event
+    chosen = Celery("chosen", broker="memory://", set_as_current=False)
+    chosen.conf.worker_send_task_events = True
+    PikkuCelery(chosen, f"sqlite:///{tmp_path / 'c.db'}")
+    assert chosen.conf.worker_send_task_events and not chosen.conf.task_send_sent_event
 
 
 def test_the_packages_own_tasks_take_their_arguments_through_apply_async(
