@@ -639,7 +639,10 @@ def load_delivery(folder: Path) -> Delivery:
         appended += total["appended"] - mark["appended"]
         written += total["written"] - mark["written"]
         batches += total["batches"] - mark["batches"]
-        lags.extend(total["lags"][len(mark["lags"]) :])
+        # The lags of the events written since the mark: the newest ones (the mirror may
+        # keep only its latest lags, so count from the end).
+        since = min(total["written"] - mark["written"], len(total["lags"]))
+        lags.extend(total["lags"][len(total["lags"]) - since :] if since > 0 else [])
     return Delivery(True, len(records), appended, written, batches, tuple(lags))
 
 

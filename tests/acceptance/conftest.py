@@ -135,8 +135,10 @@ def start_worker(
     concurrency: int = 2,
     extra_env: dict[str, str] | None = None,
     broker_url: str | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[Worker]:
-    """``broker_url``: a broker of the test's own (e.g. one it restarts) instead of ``broker``'s."""
+    """``broker_url``: a broker of the test's own (e.g. one it restarts) instead of ``broker``'s;
+    ``extra_args``: more ``celery worker`` options (``-E`` for task events, say)."""
     url = broker_url or BROKERS[broker][0]
     host, port = address(url)
     if not port_open(port, host):
@@ -174,6 +176,7 @@ def start_worker(
             "--without-mingle",
             "-l",
             "info",
+            *extra_args,
         ],
         cwd=ROOT,
         env=env,
@@ -234,7 +237,13 @@ def effects(worker: Worker, label: str) -> int:
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 30, what: str = "") -> None:
+    """Rows appear within the mirror's flush lag: a run or step not there yet is waited for."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while True:
+        try:
+            if condition():
+                return
+        except LookupError:  # RunNotFound, StepNotFound: not written yet
+            pass
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)

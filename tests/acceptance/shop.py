@@ -8,11 +8,14 @@ line per execution) so tests can compare the mirror with reality.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 from celery import Celery
+from celery.exceptions import Reject, SoftTimeLimitExceeded
 
 from pikku_celery import PikkuCelery, WorkflowTask
 from pikku_celery.errors import StepFailed
@@ -37,6 +40,8 @@ app.conf.update(
     },
 )
 app.conf.task_default_queue = os.environ.get("SHOP_QUEUE", "celery")
+# SHOP_FLUSH_INTERVAL: a test that must catch events in the journal before they are flushed.
+app.conf.pikku_flush_interval = float(os.environ.get("SHOP_FLUSH_INTERVAL", "0.02"))
 pikku = PikkuCelery(app, database_url=os.environ.get("SHOP_DATABASE_URL"))
 
 
@@ -303,3 +308,57 @@ def linger(self: Any, value: Any, seconds: float, fails: int = 0) -> Any:
 def soak(self: Any, retry: bool) -> None:
     if retry and self.request.retries == 0:
         raise self.retry(countdown=0)
+
+
+# --- Celery's own ways for a task to end: rejected messages and time limits ---------
+
+
+@pikku.step(name="shop.dead_letter", bind=True, acks_late=True)
+def dead_letter(self: Any, order_id: int) -> None:
+    journal(f"dead_letter {order_id}")
+    raise Reject("no such order", requeue=False)
+
+
+@pikku.step(name="shop.requeue_once", bind=True, acks_late=True)
+def requeue_once(self: Any, order_id: int) -> str:
+    journal(f"requeue_once {order_id} redelivered={self.request.delivery_info.get('redelivered')}")
+    if not _seen_before(f"requeue_once {order_id}"):
+        raise Reject("not yet", requeue=True)
+    return "second delivery"
+
+
+@pikku.step(name="shop.overrun", time_limit=1)
+def overrun(seconds: float) -> str:
+    journal("overrun start")
+    time.sleep(seconds)
+    return "finished"  # never: the worker kills it at its hard time limit
+
+
+@pikku.step(name="shop.overrun_softly", soft_time_limit=0.5)
+def overrun_softly(seconds: float) -> str:
+    try:
+        time.sleep(seconds)
+    except SoftTimeLimitExceeded:
+        return "cleaned up"
+    return "finished"
+
+
+@pikku.step(name="shop.die_after_start", acks_late=False)
+def die_after_start(label: str) -> None:
+    # The start of this attempt is in this process's journal, not in SQL yet (the
+    # tests run it with a long flush interval); then the process dies at once.
+    journal(f"die_after_start {label} {os.getpid()}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _seen_before(label: str) -> bool:
+    """True from the second call on, across processes: a row in the shop's own table."""
+    with pikku.store.engine.begin() as conn:
+        seen = conn.execute(
+            sa.text("SELECT count(*) FROM shop_effects WHERE label = :label"), {"label": label}
+        ).scalar_one()
+        conn.execute(
+            sa.text("INSERT INTO shop_effects (label, pid) VALUES (:label, :pid)"),
+            {"label": label, "pid": os.getpid()},
+        )
+    return bool(seen)

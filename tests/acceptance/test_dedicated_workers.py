@@ -41,7 +41,7 @@ def test_a_database_that_never_answers_fails_no_task(
     tmp = tmp_path_factory.mktemp("dead-db")
     dead = {
         "SHOP_DATABASE_URL": "postgresql://nobody:s3cret@127.0.0.1:1/none",
-        "PIKKU_SPOOL_DIR": str(tmp / "spool"),
+        "PIKKU_JOURNAL_DIR": str(tmp / "spool"),
     }
     with worker_running(shop, "redis", tmp, extra_env=dead) as worker:
         result = shop.charge.delay({"order": 4}, fail_times=1)

@@ -94,8 +94,12 @@ def test_flower_shows_the_steps_and_retries_the_mirror_recorded(
     shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     tmp = tmp_path_factory.mktemp("flower")
-    # Flower first: it only knows the events sent while it listens.
-    with flower_running(tmp) as flower, worker_running(shop, "redis", tmp) as worker:
+    # Flower first: it only knows the events sent while it listens. Task events are the
+    # user's choice, turned on as Flower's documentation says: `celery worker -E`.
+    with (
+        flower_running(tmp) as flower,
+        worker_running(shop, "redis", tmp, extra_args=("-E",)) as worker,
+    ):
         tasks_url = f"{flower}/api/tasks"
         # One task through first: events flow from the worker to Flower.
         warm = shop.add.delay(1, 2).id

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from tests.acceptance.conftest import BROKERS
+from tests.acceptance.conftest import BROKERS, wait_until
 
 
 def test_a_task_published_with_no_worker_is_scheduled(shop: ModuleType) -> None:
@@ -12,6 +12,8 @@ def test_a_task_published_with_no_worker_is_scheduled(shop: ModuleType) -> None:
     shop.app._after_fork()
     result = shop.ship.apply_async(({"order": 3},), queue="nobody-listens-here")
     store = shop.pikku.store
+    # Nothing waited for SQL on publish: the step is there within the flush lag.
+    wait_until(lambda: store.get_run(result.id), timeout=5, what="the published step")
     run = store.get_run(result.id)
     assert (run.status, run.workflow) == ("running", "shop.ship")
     [attempt] = store.get_run_history(result.id)
