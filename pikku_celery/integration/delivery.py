@@ -17,6 +17,7 @@ parent's stay the parent's.
 from __future__ import annotations
 
 import atexit
+import datetime as dt
 import logging
 import os
 import threading
@@ -48,6 +49,10 @@ ADOPT_INTERVAL: Final = 2.0
 GRACE: Final = 60.0
 _RETRY_FIRST, _RETRY_MOST = 0.02, 2.0
 _LAG_SAMPLES: Final = 100_000
+# Deliveries are counted by event id for this long: a journal written again later
+# than that (a machine back after a day) could count its starts twice.
+LEDGER_DAYS: Final = 1.0
+_PRUNE_EVERY: Final = 600.0
 # Journals of a parent process, kept referenced in its forked children: closing
 # (or collecting) an SQLite connection or a lock inherited across fork would
 # act on the parent's.
@@ -92,6 +97,7 @@ class Delivery:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._wake = threading.Event()
+        self._stop = threading.Event()  # close(): the flusher stops waiting at once
         self._journal: Journal | None = None
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -100,6 +106,7 @@ class Delivery:
         self._outage_since: float | None = None
         self._outage_written = 0
         self._last_adopt = 0.0
+        self._last_prune = time.monotonic()
 
     def _this_process(self) -> None:
         if os.getpid() != self._pid:
@@ -141,6 +148,7 @@ class Delivery:
             return  # the owner calls flush() itself
         if self._thread is None or not self._thread.is_alive():
             self._closing = False
+            self._stop.clear()
             self._thread = threading.Thread(
                 target=self._run, name="pikku-celery-flusher", daemon=True
             )
@@ -164,12 +172,12 @@ class Delivery:
             gap = last + (delay if self._outage_since is not None else self.flush_interval) - now
             if due is not None and due <= now:
                 if gap > 0:
-                    time.sleep(gap)
+                    self._stop.wait(gap)
             else:
                 timeout = self.adopt_interval if due is None else min(due - now, self.adopt_interval)
                 if self._wake.wait(timeout) and not self._closing:
                     # The first event of a group: let the others of this interval join it.
-                    time.sleep(max(self.flush_interval, gap))
+                    self._stop.wait(max(self.flush_interval, gap))
             if self._closing:
                 return
             last = time.time()
@@ -186,6 +194,20 @@ class Delivery:
             if ok and time.monotonic() - self._last_adopt >= self.adopt_interval:
                 self._last_adopt = time.monotonic()
                 self.adopt_orphans()
+            if ok and time.monotonic() - self._last_prune >= _PRUNE_EVERY:
+                self._last_prune = time.monotonic()
+                self._prune_ledger()
+
+    def _prune_ledger(self) -> None:
+        before = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=LEDGER_DAYS)
+        try:
+            self._store().prune_deliveries(before)
+        except Exception:  # a later pass tries again; nothing depends on it now
+            logger.warning(
+                "pikku-celery could not prune its ledger of counted deliveries",
+                exc_info=True,
+                extra={"action": "ledger_prune_failed"},
+            )
 
     def flush(self) -> bool:
         """Write every event that is due now; False when the database is away."""
@@ -376,6 +398,7 @@ class Delivery:
             self._closing = True
             thread = self._thread
             self._thread = None
+        self._stop.set()
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import ModuleType
 
-from tests.acceptance.conftest import BROKERS, wait_until
+from tests.acceptance.conftest import BROKERS, ROOT, wait_until
 
 
 def test_a_task_published_with_no_worker_is_scheduled(shop: ModuleType) -> None:
@@ -21,3 +25,29 @@ def test_a_task_published_with_no_worker_is_scheduled(shop: ModuleType) -> None:
     assert attempt.scheduled_at is not None and attempt.running_at is None
     state = store.get_step_state(result.id, "ship")
     assert (state.status, state.retries, state.retry_delay) == ("scheduled", 2, "0")
+
+
+def test_a_publisher_that_exits_right_after_delay_leaves_nothing_unwritten(
+    shop: ModuleType, tmp_path: Path
+) -> None:
+    # A minute between flushes: only the flush at exit can have written the step.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "SHOP_BROKER_URL": BROKERS["redis"][0],
+        "SHOP_FLUSH_INTERVAL": "60",
+        "PIKKU_JOURNAL_DIR": str(tmp_path / "journal"),
+    }
+    script = (
+        "from tests.acceptance import shop\n"
+        "result = shop.ship.apply_async(({'order': 9},), queue='nobody-listens-here')\n"
+        "print(result.id)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+        timeout=60, check=True,
+    )
+    task_id = done.stdout.split()[-1]
+    [attempt] = shop.pikku.store.get_run_history(task_id)  # there already: no waiting
+    assert (attempt.step_name, attempt.status) == ("ship", "scheduled")
+    assert not list((tmp_path / "journal").glob("*/*.journal"))  # flushed, then removed

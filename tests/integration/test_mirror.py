@@ -306,3 +306,22 @@ def test_a_batch_is_one_transaction_whatever_it_holds(
         counted = conn.execute(ledger).scalar_one() - before
     assert counted == 40  # two starts per task, each counted once by its event id
     mirror.close()
+
+
+def test_the_ledger_of_counted_deliveries_forgets_old_ones(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    mirror = mirror_of(store, tmp_path)
+    step_id = str(uuid.uuid4())
+    mirror.published(lone(step_id))
+    mirror.started(step_id, 1, worker="w", pid=1)
+    assert mirror.flush()
+    ledger = sa.text("SELECT count(*) FROM pikku_celery_deliveries")
+    with store.engine.connect() as conn:
+        before = conn.execute(ledger).scalar_one()
+    now = dt.datetime.now(dt.timezone.utc)
+    assert store.prune_deliveries(now - dt.timedelta(days=1)) == 0  # nothing that old
+    assert store.prune_deliveries(now + dt.timedelta(seconds=1)) >= 1
+    with store.engine.connect() as conn:
+        assert conn.execute(ledger).scalar_one() < before
+    mirror.close()
