@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn
 
 from pikku_celery.app_loader import ENV_APP, load_pikku, user_app
+from pikku_celery.cli_journal import add_journal_command
 from pikku_celery.cli_options import env_flag, int_between, listed, parse_age
 from pikku_celery.cli_reap import add_reap_command
-from pikku_celery.cli_journal import add_journal_command
 from pikku_celery.errors import ConfigurationError, PikkuCeleryError, RunNotFound
 from pikku_celery.payloads import run_document, run_json
 from pikku_celery.progress import Progress

@@ -15,8 +15,8 @@ from typing import Final
 
 from pikku_celery.store import WorkflowStore
 from pikku_celery.store.engine import safe_url
-from pikku_celery.store.models import RUN_STATUSES
 from pikku_celery.store.journal import default_journal_dir, journal_depth, journal_folder
+from pikku_celery.store.models import RUN_STATUSES
 from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts
 
 __all__ = ["CONTENT_TYPE", "collect_metrics", "escape_label", "format_metrics"]

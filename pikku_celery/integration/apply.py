@@ -204,7 +204,9 @@ class _Planner:
         self.outcome(event.step_id, event.run_id, kind, event.at)
 
     def failed(self, event: AttemptEnded) -> None:
-        self.ended(event.step_id, event.attempt, event.status, event.at, error_json=event.error_json)
+        self.ended(
+            event.step_id, event.attempt, event.status, event.at, error_json=event.error_json
+        )
         kind: Any = "replay" if event.orchestrated else event.status
         self.outcome(event.step_id, event.run_id, kind, event.at, event.error_json)
 

@@ -117,7 +117,7 @@ class Delivery:
                     self._reset()
 
     def on_committed(self, listener: Committed) -> None:
-        """Call ``listener`` (from the flusher thread) after each batch that ended workflow steps."""
+        """Call ``listener`` from the flusher thread after a batch that ended workflow steps."""
         self._listeners.append(listener)
 
     # --- the hot path -------------------------------------------------------------
@@ -174,7 +174,9 @@ class Delivery:
                 if gap > 0:
                     self._stop.wait(gap)
             else:
-                timeout = self.adopt_interval if due is None else min(due - now, self.adopt_interval)
+                timeout = (
+                    self.adopt_interval if due is None else min(due - now, self.adopt_interval)
+                )
                 if self._wake.wait(timeout) and not self._closing:
                     # The first event of a group: let the others of this interval join it.
                     self._stop.wait(max(self.flush_interval, gap))
@@ -360,8 +362,7 @@ class Delivery:
                 journal.close()
                 if depth:
                     logger.warning(
-                        "pikku-celery wrote %d mirror events left in %s by a process that "
-                        "ended%s",
+                        "pikku-celery wrote %d mirror events left in %s by a process that ended%s",
                         depth - left,
                         journal.path,
                         "" if ok else f"; {left} wait for the database",

@@ -154,9 +154,7 @@ _KINDS: Final[dict[str, type[MirrorEvent]]] = {
     cls.kind: cls
     for cls in (StepPublished, AttemptStarted, AttemptRetried, AttemptSucceeded, AttemptEnded)
 }
-_FIELDS: Final = {
-    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()
-}
+_FIELDS: Final = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
 
 
 def encode(event: MirrorEvent) -> str:

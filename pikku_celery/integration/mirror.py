@@ -171,7 +171,11 @@ class CeleryMirror:
                 event.step_id,
                 exc,
                 exc_info=True,
-                extra={"action": "mirror_write_failed", "event": event.kind, "task_id": event.step_id},
+                extra={
+                    "action": "mirror_write_failed",
+                    "event": event.kind,
+                    "task_id": event.step_id,
+                },
             )
 
     def _json(self, value: Any, what: str) -> str:

@@ -131,7 +131,11 @@ class BatchWrites(StoreBase):
             # Steps of lone tasks bring their run; the two shapes never share a run,
             # so sending each shape as its own batch keeps names in publish order.
             for with_run in (True, False):
-                same = [r for r, s in zip(rows, placed) if (s.run_workflow is not None) is with_run]
+                same = [
+                    r
+                    for r, s in zip(rows, placed, strict=True)
+                    if (s.run_workflow is not None) is with_run
+                ]
                 self._many(c, aq.schedule_step_pg(with_run), same)
             return
         run_rows = [
@@ -153,7 +157,9 @@ class BatchWrites(StoreBase):
         self._many(c, aq.schedule_step(self.dialect), rows)
         self._many(c, aq.schedule_attempt(self.dialect), rows)
 
-    def _count_deliveries(self, c: sa.Connection, transitions: Iterable[StepTransition]) -> set[str]:
+    def _count_deliveries(
+        self, c: sa.Connection, transitions: Iterable[StepTransition]
+    ) -> set[str]:
         rows = [
             {"event_id": event_id, "created_at": t.running_at or t.at}
             for t in transitions
@@ -241,6 +247,4 @@ class BatchWrites(StoreBase):
             c.exec_driver_sql(sql, [{**constants, **row} for row in rows])
         else:
             values = [{**constants, **row} for row in rows]
-            c.exec_driver_sql(
-                sql, [tuple(sqlite_value(v[name]) for name in order) for v in values]
-            )
+            c.exec_driver_sql(sql, [tuple(sqlite_value(v[name]) for name in order) for v in values])

@@ -89,7 +89,9 @@ class Journal:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._lock_file = open(f"{path}.lock", "a+b")  # noqa: SIM115 - held while open
+        self._lock_file = open(
+            f"{path}.lock", "a+b"
+        )  # held open: the flock lives as long as it does
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -104,7 +106,7 @@ class Journal:
 
     @classmethod
     def for_process(cls, folder: Path, owner: object = None) -> Journal:
-        """This process's journal in ``folder``; ``owner`` tells apart two mirrors in one process."""
+        """This process's journal in ``folder``; ``owner`` tells two mirrors of a process apart."""
         name = f"{socket.gethostname()}-{os.getpid()}-{id(owner):x}{SUFFIX}"
         return cls(folder / name)
 

@@ -26,7 +26,9 @@ def test_a_message_rejected_without_requeue_fails_its_attempt_as_dead_lettered(
     assert (attempt.attempt, attempt.status, attempt.delivery_count) == (1, "failed", 1)
     assert attempt.error is not None
     assert attempt.error["type"].endswith("Reject")
-    assert "dead-letters" in attempt.error["message"] and "no such order" in attempt.error["message"]
+    assert (
+        "dead-letters" in attempt.error["message"] and "no such order" in attempt.error["message"]
+    )
     assert worker.store.get_step_state(result.id, "dead_letter").status == "failed"
     assert [line for line in worker.journal_lines() if line == "dead_letter 7"] == ["dead_letter 7"]
 
@@ -55,9 +57,7 @@ def test_a_hard_time_limit_fails_the_attempt_with_time_limit_exceeded(
     assert history_of(worker.store, result.id) == [("overrun", 1, "failed")]
 
 
-def test_a_soft_time_limit_the_task_catches_is_a_success(
-    shop: ModuleType, worker: Worker
-) -> None:
+def test_a_soft_time_limit_the_task_catches_is_a_success(shop: ModuleType, worker: Worker) -> None:
     result = shop.overrun_softly.delay(5)
     run = worker.wait_for_run(result.id, timeout=30)
     assert (run.status, run.output) == ("completed", "cleaned up")
@@ -75,8 +75,10 @@ def test_a_pool_process_killed_before_its_journal_is_flushed_loses_nothing(
         result = shop.die_after_start.delay("once")
         started = time.monotonic()
         wait_until(
-            lambda: [a.status for a in worker.store.get_run_history(result.id)] == ["failed"]
-            and worker.store.get_run_history(result.id)[0].running_at is not None,
+            lambda: (
+                [a.status for a in worker.store.get_run_history(result.id)] == ["failed"]
+                and worker.store.get_run_history(result.id)[0].running_at is not None
+            ),
             timeout=30,
             what=f"the killed attempt's start and end; log:\n{worker.log.read_text()[-3000:]}\n"
             f"{worker.store.get_run_history(result.id)}",

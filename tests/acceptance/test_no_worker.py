@@ -44,8 +44,13 @@ def test_a_publisher_that_exits_right_after_delay_leaves_nothing_unwritten(
         "print(result.id)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
-        timeout=60, check=True,
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     task_id = done.stdout.split()[-1]
     [attempt] = shop.pikku.store.get_run_history(task_id)  # there already: no waiting

@@ -75,9 +75,15 @@ def left_journal(folder: Path, step_id: str) -> Journal:
             data_json='{"args":[],"kwargs":{}}',
             new_run=("shop.ship", "{}", None),
         ),
-        AttemptStarted(id=f"left-{step_id}-2", at=now, step_id=step_id, attempt=1, worker="w", pid=9),
+        AttemptStarted(
+            id=f"left-{step_id}-2", at=now, step_id=step_id, attempt=1, worker="w", pid=9
+        ),
         AttemptSucceeded(
-            id=f"left-{step_id}-3", at=now, step_id=step_id, attempt=1, run_id=step_id,
+            id=f"left-{step_id}-3",
+            at=now,
+            step_id=step_id,
+            attempt=1,
+            run_id=step_id,
             result_json='"shipped"',
         ),
     ]

@@ -54,6 +54,19 @@ STORY: list[tuple[str, Event]] = [
 ]
 
 
+def recorded(mirror: CeleryMirror) -> list[MirrorEvent]:
+    """Every event the mirror journals from now on, in order."""
+    sent: list[MirrorEvent] = []
+    append = mirror.delivery.append
+
+    def record(event: MirrorEvent) -> None:
+        sent.append(event)
+        append(event)
+
+    mirror.delivery.append = record  # type: ignore[method-assign]
+    return sent
+
+
 def outcome(store: WorkflowStore, run_id: str) -> tuple[object, ...]:
     run = store.get_run(run_id)
     history = store.get_run_history(run_id)
@@ -68,9 +81,7 @@ def outcome(store: WorkflowStore, run_id: str) -> tuple[object, ...]:
 EXPECTED = ("completed", repr({"ok": True}), ((1, "failed", 1), (2, "succeeded", 1)), "succeeded")
 
 
-def test_events_in_every_order_and_batching_converge(
-    store: WorkflowStore, tmp_path: Path
-) -> None:
+def test_events_in_every_order_and_batching_converge(store: WorkflowStore, tmp_path: Path) -> None:
     outcomes = set()
     # The publish comes first in its own process; the worker's events in any order,
     # each in a batch of its own or all in one, and the first two of them twice (the
@@ -78,16 +89,14 @@ def test_events_in_every_order_and_batching_converge(
     for order in itertools.permutations(STORY[1:]):
         for together in (False, True):
             mirror = mirror_of(store, tmp_path)
-            sent: list[MirrorEvent] = []
-            append = mirror.delivery.append
-            mirror.delivery.append = lambda e: (sent.append(e), append(e))  # type: ignore[method-assign,func-returns-value]
+            sent = recorded(mirror)
             step_id = str(uuid.uuid4())
             for _, event in (STORY[0], *order):
                 event(mirror, step_id, step_id)
                 if not together:
                     assert mirror.flush()
             for again in sent[1:3]:
-                append(again)
+                mirror.delivery.append(again)
                 if not together:
                     assert mirror.flush()
             assert mirror.flush()
@@ -270,7 +279,9 @@ def test_an_unreachable_database_never_raises_and_keeps_events_in_the_journal(
     dead = WorkflowStore("postgresql://nobody:s3cret@127.0.0.1:1/none")
     mirror = CeleryMirror(dead, journal_dir=tmp_path, background=False)
     with caplog.at_level(logging.WARNING, logger="pikku_celery.integration.delivery"):
-        mirror.published(PublishedStep(run_id="r", step_id="s", step_name="n", rpc_name="t", data={}))
+        mirror.published(
+            PublishedStep(run_id="r", step_id="s", step_name="n", rpc_name="t", data={})
+        )
         mirror.succeeded("r", "s", 1, "result")
         assert mirror.flush() is False
         assert mirror.flush() is False
@@ -284,9 +295,7 @@ def test_an_unreachable_database_never_raises_and_keeps_events_in_the_journal(
     dead.close()
 
 
-def test_a_batch_is_one_transaction_whatever_it_holds(
-    store: WorkflowStore, tmp_path: Path
-) -> None:
+def test_a_batch_is_one_transaction_whatever_it_holds(store: WorkflowStore, tmp_path: Path) -> None:
     mirror = mirror_of(store, tmp_path)
     ids = [str(uuid.uuid4()) for _ in range(20)]
     for step_id in ids:

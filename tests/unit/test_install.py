@@ -77,9 +77,7 @@ def test_the_journal_folder_is_per_database_and_configurable(tmp_path: Path) -> 
     two = PikkuCelery(app, f"sqlite:///{tmp_path / 'two.db'}")
     assert one.mirror.journal_folder.parent == tmp_path / "conf"
     assert one.mirror.journal_folder != two.mirror.journal_folder
-    three = PikkuCelery(
-        app, f"sqlite:///{tmp_path / 'one.db'}", journal_dir=str(tmp_path / "arg")
-    )
+    three = PikkuCelery(app, f"sqlite:///{tmp_path / 'one.db'}", journal_dir=str(tmp_path / "arg"))
     assert three.mirror.journal_folder.parent == tmp_path / "arg"
 
 
