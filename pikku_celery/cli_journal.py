@@ -28,7 +28,7 @@ def cmd_journal(args: argparse.Namespace) -> int:
             f"(for {safe_url(store.engine.url)}); {aside} set aside."
         )
         if args.replay:
-            written = mirror.adopt_orphans()
+            written = mirror.adopt_orphans(set_aside_too=True)
             left = journal_depth(folder.parent, only=folder.name)
             print(
                 f"Wrote {written} events from journals of processes that ended; {left} still "
@@ -58,6 +58,6 @@ def add_journal_command(commands: Any) -> None:
     journal.add_argument(
         "--replay",
         action="store_true",
-        help="write the events of journals whose process has ended",
+        help="write the events of journals whose process has ended, set-aside ones too",
     )
     journal.set_defaults(func=cmd_journal)

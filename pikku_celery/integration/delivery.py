@@ -350,11 +350,17 @@ class Delivery:
 
     # --- journals of processes that are gone ------------------------------------------
 
-    def adopt_orphans(self) -> int:
-        """Write the journals left by processes that are gone; returns how many events."""
+    def adopt_orphans(self, *, set_aside_too: bool = False) -> int:
+        """Write the journals left by processes that are gone; returns how many events.
+
+        ``set_aside_too``: first put back the events they set aside (once their cause
+        is fixed), so they are tried again.
+        """
         written = 0
         try:
             for journal in orphaned_journals(self._folder()):
+                if set_aside_too:
+                    journal.restore_set_aside()
                 depth = journal.depth()
                 ok = self.flush_journal(journal)
                 left = journal.depth()

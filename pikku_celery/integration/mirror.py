@@ -151,9 +151,12 @@ class CeleryMirror:
         """Write what this process journaled, now; False when the database is away."""
         return self.delivery.flush()
 
-    def adopt_orphans(self) -> int:
-        """Write journals left by processes that are gone; returns how many events."""
-        return self.delivery.adopt_orphans()
+    def adopt_orphans(self, *, set_aside_too: bool = False) -> int:
+        """Write journals left by processes that are gone; returns how many events.
+
+        ``set_aside_too``: try the events they set aside again as well.
+        """
+        return self.delivery.adopt_orphans(set_aside_too=set_aside_too)
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what can be written; a journal that still holds events stays for adoption."""
@@ -189,6 +192,7 @@ class CeleryMirror:
     def published(self, step: PublishedStep) -> None:
         """The step's message is out: it is scheduled, attempt 1."""
         run = step.new_run
+        data_json = self._json(step.data, f"input of step {step.step_name!r}")
         self._append(
             StepPublished(
                 id=new_event_id(),
@@ -197,7 +201,7 @@ class CeleryMirror:
                 run_id=step.run_id,
                 step_name=step.step_name,
                 rpc_name=step.rpc_name,
-                data_json=self._json(step.data, f"input of step {step.step_name!r}"),
+                data_json=data_json,
                 parent_step_id=step.parent_step_id,
                 retries=step.retries,
                 retry_delay=None if step.retry_delay is None else str(step.retry_delay),
@@ -206,7 +210,8 @@ class CeleryMirror:
                 if run is None
                 else (
                     run.workflow,
-                    self._json(run.input, "run input"),
+                    # A lone task's input is its step's: encoded once.
+                    data_json if run.input is step.data else self._json(run.input, "run input"),
                     None if run.wire is None else self._json(run.wire, "wire"),
                 ),
             )

@@ -7,6 +7,7 @@ forward, and the step row only follows its newest attempt.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import Any, Final
 
@@ -17,18 +18,25 @@ from sqlalchemy.sql.dml import Insert, Update
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
-from pikku_celery.store.models import STATUS_RANK
-from pikku_celery.store.queries import TIMESTAMP_COLUMN, rank
+from pikku_celery.store.queries import TIMESTAMP_COLUMN, ranked_below
 
 __all__ = [
+    "Source",
+    "all_steps_succeeded",
+    "attempt_upsert",
+    "attempt_values",
     "complete_run_if_done",
     "insert_run_once",
+    "last_result",
     "record_attempt",
     "record_attempt_step",
     "schedule_attempt",
     "schedule_step",
     "schedule_step_pg",
     "settle_run",
+    "step_moves",
+    "step_values",
+    "still_going",
     "touch_run",
 ]
 
@@ -178,17 +186,26 @@ def schedule_attempt(dialect: str) -> Insert:
 # --- attempt-addressed transitions ------------------------------------------------
 
 
-def _step_values(status: str) -> dict[str, Any]:
-    moving_on = sa.func.coalesce(steps.c.current_attempt, 1) < P("attempt_no")
+#: Where a transition's values come from: bound parameters (one event), or the
+#: columns of a set of rows (a whole batch in one statement).
+Source = Callable[[str], Any]
+
+
+def _bound(name: str) -> Any:
+    return P(name)
+
+
+def step_values(status: str, v: Source = _bound) -> dict[str, Any]:
+    moving_on = sa.func.coalesce(steps.c.current_attempt, 1) < v("attempt_no")
     values: dict[str, Any] = {
         "status": status,
-        "current_attempt": P("attempt_no"),
-        "updated_at": P("now"),
+        "current_attempt": v("attempt_no"),
+        "updated_at": v("now"),
     }
     if status == "succeeded":
-        values.update(result=P("result"), error=None)
+        values.update(result=v("result"), error=None)
     elif status in _TERMINAL:
-        values.update(result=None, error=P("error"))
+        values.update(result=None, error=v("error"))
     else:  # a new attempt starts clean; the same attempt keeps what it has
         values.update(
             result=sa.case((moving_on, sa.null()), else_=steps.c.result),
@@ -197,63 +214,61 @@ def _step_values(status: str) -> dict[str, Any]:
     return values
 
 
-@cache
-def record_attempt_step(status: str) -> Update:
+def step_moves(status: str, v: Source = _bound) -> sa.ColumnElement[bool]:
     """The step row follows attempt K only if K is its newest attempt and K moves forward."""
     current = sa.func.coalesce(steps.c.current_attempt, 1)
+    return sa.or_(
+        current < v("attempt_no"),
+        sa.and_(current == v("attempt_no"), ranked_below(steps.c.status, status)),
+    )
+
+
+@cache
+def record_attempt_step(status: str) -> Update:
+    """The step row's half of a transition (see ``_step_moves``)."""
     return (
         sa.update(steps)
-        .where(
-            steps.c.workflow_step_id == P("step_id"),
-            sa.or_(
-                current < P("attempt_no"),
-                sa.and_(current == P("attempt_no"), rank(steps.c.status) < STATUS_RANK[status]),
-            ),
-        )
-        .values(**_step_values(status))
+        .where(steps.c.workflow_step_id == P("step_id"), step_moves(status))
+        .values(**step_values(status))
     )
 
 
 _STAMPS: Final = ("scheduled_at", "running_at")
 
 
-@cache
-def record_attempt(dialect: str, status: str) -> Insert:
-    """Upsert attempt K's row; on PostgreSQL the step row's update rides along (one trip).
-
-    One statement records one event, or several events of the same attempt
-    coalesced (``scheduled_at``/``running_at`` and the outcome's ``ended_at``
-    each keep the time of their own event; ``deliveries`` is how many starts
-    it counts).
-    """
+def attempt_values(status: str, v: Source = _bound) -> dict[str, Any]:
     stamp = TIMESTAMP_COLUMN[status]
-    ended = stamp if status in _TERMINAL else None
     values: dict[str, Any] = {
-        "history_id": P("history_id"),
-        "workflow_step_id": P("step_id"),
-        "attempt": P("attempt_no"),
-        "status": status,
-        "created_at": P("now"),
-        "task_id": P("task_id"),
-        "worker": P("worker"),
-        "pid": P("pid"),
-        "eta": P("eta"),
-        "reason": P("reason"),
+        "history_id": v("history_id"),
+        "workflow_step_id": v("step_id"),
+        "attempt": v("attempt_no"),
+        "status": sa.literal(status, sa.Text) if v is not _bound else status,
+        "created_at": v("now"),
+        "task_id": v("task_id"),
+        "worker": v("worker"),
+        "pid": v("pid"),
+        "eta": v("eta"),
+        "reason": v("reason"),
         # Each start of an attempt is one delivery of its message.
-        "delivery_count": P("deliveries"),
+        "delivery_count": v("deliveries"),
     }
     for column in _STAMPS:
-        values[column] = P(column)
-    if ended is not None:
-        values[ended] = P("ended_at")
+        values[column] = v(column)
+    if status in _TERMINAL and stamp is not None:
+        values[stamp] = v("ended_at")
     if status == "succeeded":
-        values["result"] = P("result")
+        values["result"] = v("result")
     elif status in _TERMINAL:
-        values["error"] = P("error")
+        values["error"] = v("error")
+    return values
 
-    insert = _insert_for(dialect)(history).values(**values)
+
+def attempt_upsert(insert: Any, status: str) -> Insert:
+    """What an event does to an attempt row that exists: only ever move it forward."""
+    stamp = TIMESTAMP_COLUMN[status]
+    ended = stamp if status in _TERMINAL else None
     excluded = insert.excluded
-    forward = rank(history.c.status) < STATUS_RANK[status]
+    forward = ranked_below(history.c.status, status)
 
     def if_forward(column: str) -> sa.ColumnElement[Any]:
         return sa.case((forward, excluded[column]), else_=history.c[column])
@@ -283,12 +298,26 @@ def record_attempt(dialect: str, status: str) -> Insert:
     for column in _EXECUTION_COLUMNS:
         # A later delivery runs somewhere else: the row says where it ran last.
         updates[column] = sa.func.coalesce(excluded[column], history.c[column])
-    statement = insert.on_conflict_do_update(
+    statement: Insert = insert.on_conflict_do_update(
         index_elements=["workflow_step_id", "attempt"], set_=updates
     )
+    return statement
+
+
+@cache
+def record_attempt(dialect: str, status: str) -> Insert:
+    """Upsert attempt K's row; on PostgreSQL the step row's update rides along (one trip).
+
+    One statement records one event, or several events of the same attempt
+    coalesced (``scheduled_at``/``running_at`` and the outcome's ``ended_at``
+    each keep the time of their own event; ``deliveries`` is how many starts
+    it counts).
+    """
+    insert = _insert_for(dialect)(history).values(**attempt_values(status))
+    statement = attempt_upsert(insert, status)
     if dialect == "postgresql":
         statement = statement.add_cte(record_attempt_step(status).cte("step"))
-    return statement  # type: ignore[no-any-return]
+    return statement
 
 
 # --- run outcome ----------------------------------------------------------------
@@ -296,6 +325,8 @@ def record_attempt(dialect: str, status: str) -> Insert:
 # Spelled without IN: these statements are sent as SQL compiled once, which
 # cannot hold an expanding IN list.
 _still_going = sa.or_(runs.c.status == "running", runs.c.status == "suspended")
+
+still_going: Final = _still_going
 
 touch_run: Final = (
     sa.update(runs).where(runs.c.workflow_run_id == P("run_id")).values(updated_at=P("now"))
@@ -320,19 +351,20 @@ _last_result = (
     .scalar_subquery()
 )
 
+last_result: Final = _last_result
+
+#: Every step of the run has succeeded (checked in SQL, as the statement runs).
+all_steps_succeeded: Final = ~sa.exists().where(
+    steps.c.workflow_run_id == runs.c.workflow_run_id,
+    steps.c.status != "succeeded",
+)
+
 # Guarded in SQL: the run completes only while no step of it is unfinished. The
 # caller touches the run row first in the same transaction, so two last steps
 # finishing at once serialise on it and the second one sees the first.
 complete_run_if_done: Final = (
     sa.update(runs)
-    .where(
-        runs.c.workflow_run_id == P("run_id"),
-        _still_going,
-        ~sa.exists().where(
-            steps.c.workflow_run_id == runs.c.workflow_run_id,
-            steps.c.status != "succeeded",
-        ),
-    )
+    .where(runs.c.workflow_run_id == P("run_id"), _still_going, all_steps_succeeded)
     .values(status="completed", output=_last_result, error=None, updated_at=P("now"))
 )
 

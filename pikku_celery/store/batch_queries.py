@@ -17,8 +17,33 @@ from sqlalchemy.sql.dml import Insert
 from pikku_celery.schema import mirror_deliveries as deliveries
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
+from pikku_celery.schema import workflow_step_history as history
+from pikku_celery.store.attempt_queries import (
+    Source,
+    all_steps_succeeded,
+    attempt_upsert,
+    attempt_values,
+    last_result,
+    step_moves,
+    step_values,
+    still_going,
+)
 
-__all__ = ["count_deliveries", "known_runs", "known_steps", "prune_deliveries"]
+__all__ = [
+    "complete_runs_pg",
+    "count_deliveries",
+    "count_deliveries_pg",
+    "known_runs",
+    "known_runs_pg",
+    "known_steps",
+    "known_steps_pg",
+    "lock_runs_pg",
+    "prune_deliveries",
+    "record_attempts_pg",
+    "settle_runs_pg",
+    "steps_present",
+    "steps_present_pg",
+]
 
 P = sa.bindparam
 
@@ -33,6 +58,12 @@ known_steps: Final = (
     )
     .join(runs, runs.c.workflow_run_id == steps.c.workflow_run_id)
     .where(steps.c.workflow_step_id.in_(P("step_ids", expanding=True)))
+)
+
+#: Which of a batch's new steps are there after their inserts: a step whose name
+#: another writer took at the same moment was not written, and waits for the next batch.
+steps_present: Final = sa.select(steps.c.workflow_step_id).where(
+    steps.c.workflow_step_id.in_(P("step_ids", expanding=True))
 )
 
 known_runs: Final = sa.select(runs.c.workflow_run_id).where(
@@ -51,3 +82,155 @@ def count_deliveries(dialect: str) -> Insert:
 
 
 prune_deliveries: Final = sa.delete(deliveries).where(deliveries.c.created_at < P("before"))
+
+
+# --- PostgreSQL: a whole batch in one statement per kind ------------------------------
+#
+# The batch's rows travel as one JSON array, unpacked by jsonb_to_recordset into a
+# typed set that the statement joins against: one statement, one plan, whatever
+# the batch holds. JSON values travel as text and are cast where they land.
+
+_TS = sa.DateTime(timezone=True)
+_TEXTS = postgresql.ARRAY(sa.Text())
+
+_TRANSITION_ROWS: Final = (
+    ("step_id", sa.Text()),
+    ("attempt_no", sa.Integer()),
+    ("history_id", sa.Text()),
+    ("now", _TS),
+    ("scheduled_at", _TS),
+    ("running_at", _TS),
+    ("ended_at", _TS),
+    ("result", sa.Text()),
+    ("error", sa.Text()),
+    ("task_id", sa.Text()),
+    ("worker", sa.Text()),
+    ("pid", sa.Integer()),
+    ("eta", _TS),
+    ("reason", sa.Text()),
+    ("deliveries", sa.Integer()),
+)
+_RUN_ROWS: Final = (
+    ("run_id", sa.Text()),
+    ("now", _TS),
+    ("status", sa.Text()),
+    ("error", sa.Text()),
+)
+
+
+def _rows(name: str, columns: tuple[tuple[str, Any], ...]) -> Any:
+    unpacked = sa.func.jsonb_to_recordset(sa.cast(P("rows"), postgresql.JSONB)).table_valued(
+        *(sa.column(column, type_) for column, type_ in columns)
+    )
+    derived = unpacked.render_derived(name=f"{name}_rows", with_types=True)
+    return sa.select(*derived.c).cte(name)
+
+
+def _reader(rows: Any) -> Source:
+    def read(name: str) -> Any:
+        column = rows.c[name]
+        return sa.cast(column, postgresql.JSONB) if name in ("result", "error") else column
+
+    return read
+
+
+@cache
+def record_attempts_pg(status: str) -> Insert:
+    """Every transition of the batch that ends at ``status``: attempt rows and step rows.
+
+    Each (step, attempt) comes once; a step's row follows the newest attempt
+    of the set, as applying them one by one would leave it.
+    """
+    events = _rows("ev", _TRANSITION_ROWS)
+    newest = (
+        sa.select(*(events.c[name] for name in ("step_id", "attempt_no", "now", "result", "error")))
+        .ext(postgresql.distinct_on(events.c.step_id))
+        .order_by(events.c.step_id, events.c.attempt_no.desc())
+        .cte("newest")
+    )
+    step_rows = _reader(newest)
+    step_update = (
+        sa.update(steps)
+        .where(
+            # The ids again as an array: the planner finds the rows by index
+            # instead of scanning the table to join them with the set.
+            steps.c.workflow_step_id == sa.any_(P("step_ids", type_=_TEXTS)),
+            steps.c.workflow_step_id == newest.c.step_id,
+            step_moves(status, step_rows),
+        )
+        .values(**step_values(status, step_rows))
+    )
+    values = attempt_values(status, _reader(events))
+    insert = postgresql.insert(history).from_select(
+        list(values), sa.select(*values.values()).select_from(events)
+    )
+    statement = attempt_upsert(insert, status)
+    return statement.add_cte(step_update.cte("step"))
+
+
+#: Locks the batch's runs in one order, so two batches never deadlock on them; the
+#: completion check that follows is a new statement, so it sees whatever another
+#: batch committed before this one got the lock. A lock, not a write: no new row
+#: version for a run that does not complete.
+lock_runs_pg: Final = (
+    sa.select(runs.c.workflow_run_id)
+    .where(runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)))
+    .order_by(runs.c.workflow_run_id)
+    .with_for_update(key_share=True)
+)
+
+complete_runs_pg: Final = (
+    sa.update(runs)
+    .where(
+        runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
+        runs.c.workflow_run_id == (completing := _rows("completing", _RUN_ROWS)).c.run_id,
+        still_going,
+        all_steps_succeeded,
+    )
+    .values(status="completed", output=last_result, error=None, updated_at=completing.c.now)
+)
+
+settle_runs_pg: Final = (
+    sa.update(runs)
+    .where(
+        runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
+        runs.c.workflow_run_id == (settling := _rows("settling", _RUN_ROWS)).c.run_id,
+        still_going,
+    )
+    .values(
+        status=settling.c.status,
+        error=sa.cast(settling.c.error, postgresql.JSONB),
+        updated_at=settling.c.now,
+    )
+)
+
+
+# The lookups again, on PostgreSQL: one array parameter instead of an IN list,
+# so the SQL text is the same for every batch and psycopg prepares it once.
+_any_step = sa.any_(P("step_ids", type_=_TEXTS))
+
+known_steps_pg: Final = (
+    sa.select(
+        steps.c.workflow_step_id, steps.c.current_attempt, steps.c.workflow_run_id, runs.c.wire
+    )
+    .join(runs, runs.c.workflow_run_id == steps.c.workflow_run_id)
+    .where(steps.c.workflow_step_id == _any_step)
+)
+
+steps_present_pg: Final = sa.select(steps.c.workflow_step_id).where(
+    steps.c.workflow_step_id == _any_step
+)
+
+known_runs_pg: Final = sa.select(runs.c.workflow_run_id).where(
+    runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS))
+)
+
+count_deliveries_pg: Final = (
+    postgresql.insert(deliveries)
+    .from_select(
+        ["event_id", "created_at"],
+        sa.select(*(counted := _rows("counted", (("event_id", sa.Text()), ("created_at", _TS)))).c),
+    )
+    .on_conflict_do_nothing(index_elements=["event_id"])
+    .returning(deliveries.c.event_id)
+)

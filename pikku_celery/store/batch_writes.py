@@ -10,6 +10,7 @@ forward, and deliveries are counted through a ledger of event ids.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -29,6 +30,12 @@ from pikku_celery.store.batch import (
 )
 
 __all__ = ["BatchWrites"]
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} in a batch row")
 
 
 def _is_workflow(wire: Any) -> bool:
@@ -59,13 +66,15 @@ class BatchWrites(StoreBase):
         known: dict[str, tuple[int, str, Any]] = {}
         lookup = sorted(wanted - new_ids)
         if lookup:
-            for step_id, attempt, run_id, wire in c.execute(bq.known_steps, {"step_ids": lookup}):
+            query = bq.known_steps_pg if self._pg else bq.known_steps
+            for step_id, attempt, run_id, wire in c.execute(query, {"step_ids": lookup}):
                 known[step_id] = (int(attempt or 1), run_id, wire)
 
         placed, missing = self._place_steps(c, batch.steps, known)
+        missing |= self._write_steps(c, placed)
         for step in placed:
-            known.setdefault(step.step_id, (1, step.run_id, None))
-        self._write_steps(c, placed)
+            if step.step_id not in missing:
+                known.setdefault(step.step_id, (1, step.run_id, None))
 
         transitions = [t for t in batch.transitions if t.step_id in known]
         missing |= {t.step_id for t in batch.transitions if t.step_id not in known}
@@ -88,7 +97,8 @@ class BatchWrites(StoreBase):
         runs_needed = sorted({s.run_id for s in new if s.run_workflow is None} - made_runs)
         existing_runs = made_runs
         if runs_needed:
-            found = c.execute(bq.known_runs, {"run_ids": runs_needed}).scalars()
+            query = bq.known_runs_pg if self._pg else bq.known_runs
+            found = c.execute(query, {"run_ids": runs_needed}).scalars()
             existing_runs = made_runs | set(found)
         placed: list[NewStep] = []
         missing: set[str] = set()
@@ -102,9 +112,10 @@ class BatchWrites(StoreBase):
             present.add(step.step_id)
         return placed, missing
 
-    def _write_steps(self, c: sa.Connection, placed: Sequence[NewStep]) -> None:
+    def _write_steps(self, c: sa.Connection, placed: Sequence[NewStep]) -> set[str]:
+        """Insert the steps; returns the ids of those that could not be (a name race)."""
         if not placed:
-            return
+            return set()
         rows = [
             {
                 "run_id": s.run_id,
@@ -137,7 +148,7 @@ class BatchWrites(StoreBase):
                     if (s.run_workflow is not None) is with_run
                 ]
                 self._many(c, aq.schedule_step_pg(with_run), same)
-            return
+            return self._not_written(c, placed)
         run_rows = [
             {
                 "workflow_run_id": r["run_id"],
@@ -156,6 +167,12 @@ class BatchWrites(StoreBase):
             c.execute(aq.insert_run_once(self.dialect), run_rows)
         self._many(c, aq.schedule_step(self.dialect), rows)
         self._many(c, aq.schedule_attempt(self.dialect), rows)
+        return self._not_written(c, placed)
+
+    def _not_written(self, c: sa.Connection, placed: Sequence[NewStep]) -> set[str]:
+        ids = sorted({s.step_id for s in placed})
+        query = bq.steps_present_pg if self._pg else bq.steps_present
+        return set(ids) - set(c.execute(query, {"step_ids": ids}).scalars())
 
     def _count_deliveries(
         self, c: sa.Connection, transitions: Iterable[StepTransition]
@@ -167,6 +184,9 @@ class BatchWrites(StoreBase):
         ]
         if not rows:
             return set()
+        if self._pg:
+            text = json.dumps(rows, default=_iso)
+            return set(self._run_compiled(c, bq.count_deliveries_pg, {"rows": text}).scalars())
         return set(c.execute(bq.count_deliveries(self.dialect), rows).scalars())
 
     def _write_transitions(
@@ -176,12 +196,16 @@ class BatchWrites(StoreBase):
         known: dict[str, tuple[int, str, Any]],
         counted: set[str],
     ) -> None:
-        by_status: dict[str, list[dict[str, Any]]] = {}
+        by_status: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
         for t in transitions:
-            by_status.setdefault(t.status, []).append(
+            attempt = t.attempt if t.attempt is not None else known[t.step_id][0]
+            # An event for "the current attempt" may name one another event of the
+            # batch names too: the first of them is the one applying them in order keeps.
+            by_status.setdefault(t.status, {}).setdefault(
+                (t.step_id, attempt),
                 {
                     "step_id": t.step_id,
-                    "attempt_no": t.attempt if t.attempt is not None else known[t.step_id][0],
+                    "attempt_no": attempt,
                     "history_id": new_id(),
                     "now": t.at,
                     "scheduled_at": t.scheduled_at,
@@ -195,13 +219,17 @@ class BatchWrites(StoreBase):
                     "eta": t.eta,
                     "reason": t.reason,
                     "deliveries": sum(1 for d in t.delivery_ids if d in counted),
-                }
+                },
             )
         # One transition per attempt, so the order between statuses does not
         # matter: each statement's guard decides alone whether it moves a row.
-        for status, rows in by_status.items():
-            if not self._pg:
-                self._many(c, aq.record_attempt_step(status), rows)
+        for status, keyed in by_status.items():
+            rows = list(keyed.values())
+            if self._pg:
+                ids = sorted({row["step_id"] for row in rows})
+                self._set(c, bq.record_attempts_pg(status), rows, step_ids=ids)
+                continue
+            self._many(c, aq.record_attempt_step(status), rows)
             self._many(c, aq.record_attempt(self.dialect, status), rows)
 
     def _write_outcomes(
@@ -211,7 +239,7 @@ class BatchWrites(StoreBase):
         known: dict[str, tuple[int, str, Any]],
     ) -> list[str]:
         complete: dict[str, dt.datetime] = {}
-        settle: list[dict[str, Any]] = []
+        settle: dict[str, dict[str, Any]] = {}
         replay: list[str] = []
         for o in outcomes:
             _, run_of_step, wire = known[o.step_id]
@@ -221,12 +249,16 @@ class BatchWrites(StoreBase):
                     replay.append(run_id)
             elif o.kind == "complete":
                 complete[run_id] = max(o.at, complete.get(run_id, o.at))
-            else:
-                settle.append(
-                    {"run_id": run_id, "new_status": o.kind, "error": o.error_json, "now": o.at}
+            else:  # the first end of a run is the one that settles it
+                settle.setdefault(
+                    run_id,
+                    {"run_id": run_id, "new_status": o.kind, "error": o.error_json, "now": o.at},
                 )
+        if self._pg:
+            self._outcomes_pg(c, complete, list(settle.values()))
+            return replay
         if settle:
-            self._many(c, aq.settle_run, settle)
+            self._many(c, aq.settle_run, list(settle.values()))
         if complete:
             rows = [{"run_id": run_id, "now": at} for run_id, at in sorted(complete.items())]
             # Touched first, in one order: two batches finishing steps of the same
@@ -234,6 +266,33 @@ class BatchWrites(StoreBase):
             self._many(c, aq.touch_run, rows)
             self._many(c, aq.complete_run_if_done, rows)
         return replay
+
+    def _outcomes_pg(
+        self, c: sa.Connection, complete: dict[str, dt.datetime], settle: list[dict[str, Any]]
+    ) -> None:
+        if settle:
+            rows = [
+                {
+                    "run_id": r["run_id"],
+                    "now": r["now"],
+                    "status": r["new_status"],
+                    "error": r["error"],
+                }
+                for r in settle
+            ]
+            self._set(c, bq.settle_runs_pg, rows, run_ids=sorted({r["run_id"] for r in rows}))
+        if complete:
+            rows = [{"run_id": run_id, "now": at} for run_id, at in complete.items()]
+            run_ids = sorted(complete)
+            self._run_compiled(c, bq.lock_runs_pg, {"run_ids": run_ids})
+            self._set(c, bq.complete_runs_pg, rows, run_ids=run_ids)
+
+    def _set(
+        self, c: sa.Connection, statement: sa.Executable, rows: list[dict[str, Any]], **ids: Any
+    ) -> None:
+        """PostgreSQL: one statement for all the rows, sent as one JSON array."""
+        if rows:
+            self._run_compiled(c, statement, {"rows": json.dumps(rows, default=_iso), **ids})
 
     def _many(self, c: sa.Connection, statement: sa.Executable, rows: list[dict[str, Any]]) -> None:
         """One statement, many parameter sets: one round trip (pipeline mode on psycopg)."""

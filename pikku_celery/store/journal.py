@@ -126,8 +126,15 @@ class Journal:
         return [JournalEntry(int(s), str(k), str(p), d) for s, k, p, d in rows]
 
     def remove(self, seqs: Iterable[int]) -> None:
+        # A batch is mostly one unbroken run of seqs: one DELETE per run, not per event.
+        spans: list[tuple[int, int]] = []
+        for seq in sorted(seqs):
+            if spans and seq == spans[-1][1] + 1:
+                spans[-1] = (spans[-1][0], seq)
+            else:
+                spans.append((seq, seq))
         with self._mutex:
-            self._db.executemany("DELETE FROM events WHERE seq = ?", [(s,) for s in seqs])
+            self._db.executemany("DELETE FROM events WHERE seq BETWEEN ? AND ?", spans)
 
     def defer(self, seqs: Iterable[int], until: float, now: float) -> None:
         """Try these again at ``until``; ``deferred_since`` keeps when they first waited."""
@@ -153,6 +160,22 @@ class Journal:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+
+    def restore_set_aside(self) -> int:
+        """Put the events set aside back in line (the cause was fixed); returns how many."""
+        with self._mutex:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                moved = self._db.execute(
+                    "INSERT INTO events (seq, kind, payload)"
+                    " SELECT seq, kind, payload FROM set_aside"
+                ).rowcount
+                self._db.execute("DELETE FROM set_aside")
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return int(moved)
 
     def next_due(self) -> float | None:
         """When the earliest event is due (0 for one due now); None when there is none."""

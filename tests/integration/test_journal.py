@@ -244,3 +244,33 @@ def test_two_mirrors_of_one_database_in_one_process_each_keep_their_events(
     for mirror in mirrors:
         mirror.close(timeout=0.5)
     dead.close()
+
+
+def test_events_set_aside_are_written_by_journal_replay_once_their_cause_is_fixed(
+    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pikku_celery.cli import main
+
+    store = WorkflowStore(pg_url)
+    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+    step_id = str(uuid.uuid4())
+    mirror.published(step(step_id))
+    real = store.apply_batch
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("a bug in this version")
+
+    store.apply_batch = broken  # type: ignore[assignment,method-assign]
+    assert mirror.flush()  # set aside, not blocking anything
+    store.apply_batch = real  # type: ignore[method-assign] - the fixed version
+    journal = mirror.delivery._open()
+    assert (journal.depth(), journal.set_aside_count()) == (0, 1)
+    mirror.close()  # the process ends; its journal stays, holding the event
+    base = ["--database-url", pg_url, "journal", "--journal-dir", str(tmp_path)]
+    assert main(base) == 0
+    assert "1 set aside" in capsys.readouterr().out
+    assert main([*base, "--replay"]) == 0
+    assert "Wrote 1 events" in capsys.readouterr().out
+    assert store.get_step_state(step_id, "charge").status == "scheduled"
+    assert not list(mirror.journal_folder.glob("*.journal"))
+    store.close()

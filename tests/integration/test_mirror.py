@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from pikku_celery.integration.events import MirrorEvent, decode
 from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
 from pikku_celery.store.attempt_writes import NewRun
 from tests.support.statements import count_statements
+from tests.support.threads import run_threads
 
 Event = Callable[[CeleryMirror, str, str], None]
 ERROR = {"type": "ValueError", "message": "t", "traceback": None}
@@ -334,3 +336,65 @@ def test_the_ledger_of_counted_deliveries_forgets_old_ones(
     with store.engine.connect() as conn:
         assert conn.execute(ledger).scalar_one() < before
     mirror.close()
+
+
+@pytest.mark.postgres
+def test_two_processes_naming_steps_of_one_run_at_once_lose_no_step(
+    pg_url: str, tmp_path: Path
+) -> None:
+    stores = [WorkflowStore(pg_url) for _ in range(2)]
+    mirrors = [mirror_of(store, tmp_path) for store in stores]
+    run_id = stores[0].create_run("fan-out", None, wire={"type": "canvas"})
+
+    def publish(mirror: CeleryMirror) -> None:
+        for _ in range(40):
+            mirror.published(PublishedStep(run_id, str(uuid.uuid4()), "notify", "shop.notify", {}))
+            mirror.flush()
+
+    run_threads(2, lambda index: publish(mirrors[index]))
+    deadline = time.monotonic() + 20
+    while any(m.journal_depth for m in mirrors):  # a step that lost its name waits, then lands
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        for mirror in mirrors:
+            mirror.flush()
+    names = sorted(s.step_name for s in stores[0].list_step_states(run_id))
+    assert names == sorted(["notify"] + [f"notify#{n}" for n in range(2, 81)])
+    for mirror, store in zip(mirrors, stores, strict=True):
+        mirror.close()
+        store.close()
+
+
+@pytest.mark.postgres
+def test_two_last_steps_ending_at_once_in_two_processes_complete_their_run(
+    pg_url: str, tmp_path: Path
+) -> None:
+    store = WorkflowStore(pg_url)
+    run_id = store.create_run("pair", None, wire={"type": "canvas"})
+    pair = [str(uuid.uuid4()), str(uuid.uuid4())]
+    publisher = mirror_of(store, tmp_path)
+    for step_id in pair:
+        publisher.published(PublishedStep(run_id, step_id, "half", "shop.half", {}))
+    assert publisher.flush()
+    batches = []
+    for index, step_id in enumerate(pair):  # each process ends one of the two steps
+        worker = mirror_of(store, tmp_path)
+        events = recorded(worker)
+        worker.started(step_id, 1, worker="w", pid=index)
+        worker.succeeded(run_id, step_id, 1, index)
+        batches.append(plan([Pending(n, event) for n, event in enumerate(events)]))
+        worker.close(timeout=0.1)
+    second_done = threading.Event()
+    with store.transaction() as first:
+        store.apply_batch(batches[0], conn=first)  # not committed yet
+        other = threading.Thread(
+            target=lambda: (store.apply_batch(batches[1]), second_done.set()), daemon=True
+        )
+        other.start()
+        # The second batch waits for the run's lock instead of judging on what it sees now.
+        assert not second_done.wait(0.5)
+    other.join(10)
+    assert second_done.is_set()
+    assert store.get_run(run_id).status == "completed"
+    publisher.close()
+    store.close()
