@@ -11,7 +11,7 @@ from celery.canvas import Signature
 
 from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration import signals
-from pikku_celery.integration.delivery import FLUSH_INTERVAL
+from pikku_celery.integration.delivery import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL
 from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.task import WorkflowTask, as_task_function
@@ -38,7 +38,7 @@ class PikkuCelery:
     event is journaled on local disk first (``journal_dir``, else
     ``app.conf.pikku_journal_dir``, else ``PIKKU_JOURNAL_DIR``, else
     ``~/.local/state/pikku-celery/journal``) and written to SQL in group
-    commits every ``app.conf.pikku_flush_interval`` seconds (default 0.02).
+    commits every ``app.conf.pikku_flush_interval`` (else ``PIKKU_FLUSH_INTERVAL``) seconds.
     """
 
     def __init__(
@@ -63,7 +63,11 @@ class PikkuCelery:
         self.mirror = CeleryMirror(
             store,
             journal_dir=journal_dir or app.conf.get("pikku_journal_dir") or None,
-            flush_interval=float(app.conf.get("pikku_flush_interval") or FLUSH_INTERVAL),
+            flush_interval=float(
+                app.conf.get("pikku_flush_interval")
+                or os.environ.get(ENV_FLUSH_INTERVAL)
+                or FLUSH_INTERVAL
+            ),
         )
         self.workflows = WorkflowEngine(app, self.mirror)
         # Task events stay the user's choice: Flower needs them, the mirror does not.

@@ -34,7 +34,7 @@ from pikku_celery.integration.events import MirrorEvent, decode, encode
 from pikku_celery.store import WorkflowStore
 from pikku_celery.store.journal import Journal, JournalEntry, orphaned_journals
 
-__all__ = ["Delivery", "DeliveryStats"]
+__all__ = ["ENV_FLUSH_INTERVAL", "FLUSH_INTERVAL", "Delivery", "DeliveryStats"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 Committed = Callable[[Sequence[str]], None]
 
 FLUSH_INTERVAL: Final = 0.02
+ENV_FLUSH_INTERVAL: Final = "PIKKU_FLUSH_INTERVAL"
 BATCH_SIZE: Final = 500
 ADOPT_INTERVAL: Final = 2.0
 # How long an event waits for the event that must come first from another
@@ -309,9 +310,12 @@ class Delivery:
             else:
                 again.append(item.seq)
         if again:
+            # What they wait for is most often one flush away in another process:
+            # try again at every flush for a second, then back off.
             since = min(entries[s].deferred_since or now for s in again)
-            waited = max(now - since, _RETRY_FIRST)
-            journal.defer(again, now + min(waited, _RETRY_MOST), now)
+            waited = now - since
+            delay = self.flush_interval if waited < 1.0 else min(waited, _RETRY_MOST)
+            journal.defer(again, now + delay, now)
 
     def _put_aside(self, journal: Journal, entry: JournalEntry, reason: str) -> None:
         journal.set_aside(entry, reason, time.time())
