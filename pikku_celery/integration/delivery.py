@@ -41,7 +41,10 @@ logger = logging.getLogger(__name__)
 #: Called with the durable-workflow runs whose step ended, once that is committed.
 Committed = Callable[[Sequence[str]], None]
 
-FLUSH_INTERVAL: Final = 0.02
+# Measured (bench.celery_bench): at 20 ms a 2-process worker committed 0.40 times per task
+# with a lag p99 of 110 ms; at 40 ms 0.31 times, p99 42 ms (fewer, larger batches cost
+# less CPU per event).
+FLUSH_INTERVAL: Final = 0.04
 ENV_FLUSH_INTERVAL: Final = "PIKKU_FLUSH_INTERVAL"
 BATCH_SIZE: Final = 500
 ADOPT_INTERVAL: Final = 2.0

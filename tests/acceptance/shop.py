@@ -41,7 +41,7 @@ app.conf.update(
 )
 app.conf.task_default_queue = os.environ.get("SHOP_QUEUE", "celery")
 # SHOP_FLUSH_INTERVAL: a test that must catch events in the journal before they are flushed.
-app.conf.pikku_flush_interval = float(os.environ.get("SHOP_FLUSH_INTERVAL", "0.02"))
+app.conf.pikku_flush_interval = float(os.environ.get("SHOP_FLUSH_INTERVAL", "0.04"))
 pikku = PikkuCelery(app, database_url=os.environ.get("SHOP_DATABASE_URL"))
 
 
