@@ -1095,9 +1095,11 @@ def report_delivery(runs: Sequence[Run]) -> list[str]:
                 commits = top.commits_per_task
                 label = f"{pool} {scenario.short} {VARIANT_LABELS[variant]}"
                 if verdict(p99, TARGET_LAG_P99, at_most=True) == "MISSED" and p99 is not None:
-                    missed.append(f"{label}: lag p99 {p99 * 1000:.1f} ms")
+                    missed.append(
+                        f"{label}: lag p99 {p99 * 1000:.1f} ms > {TARGET_LAG_P99 * 1000:.0f} ms"
+                    )
                 if verdict(commits, TARGET_COMMITS, at_most=True) == "MISSED":
-                    missed.append(f"{label}: {commits:.2f} commits/task")
+                    missed.append(f"{label}: {commits:.3f} commits/task > {TARGET_COMMITS}")
                 rows.append(
                     [
                         pool,

@@ -1,18 +1,34 @@
-"""Store transitions per second against the raw-driver floor, on PostgreSQL and SQLite.
+"""Store writes per second against the raw-driver floor, on PostgreSQL and SQLite.
 
 Run from the project root::
 
-    python -m bench.store_bench            # the full run, a few minutes
-    python -m bench.store_bench --quick    # small numbers, under a minute
+    python -m bench.store_bench                    # every section, a few minutes
+    python -m bench.store_bench --quick            # small numbers, under a minute
+    python -m bench.store_bench --section batch    # only the group commits
 
-The floor is the very SQL the store sends, captured from the store itself with
-a ``before_cursor_execute`` listener and replayed with fresh parameters straight
-through psycopg 3 or the stdlib ``sqlite3`` module, one transaction per
-transition as the store does. What separates the two is the store's own cost.
+Each floor is the very SQL the store sends, captured from the store itself
+with a ``before_cursor_execute`` listener and replayed with fresh parameters
+straight through psycopg 3 or the stdlib ``sqlite3`` module. What separates
+the two is the store's own cost.
 
-The index check times one transition and one ``get_step_state`` with about a
-thousand attempt rows in ``workflow_step_history`` and again with about a
-million, and prints the query plans of the statements involved.
+``single``: one transaction per transition (``set_step_*``), the floor
+likewise.
+
+``batch``: the mirror's group commits. A batch is B lone tasks, each a new
+step (and its run), one transition running and succeeded coalesced (with
+one counted delivery) and a run outcome, as the mirror's planner makes of a
+task published, started and succeeded in one flush. Three paths take turns:
+``apply_batch`` with the batches prebuilt; the mirror end to end (every
+signal's event journaled, then ``flush()``: decoding, planning,
+``apply_batch``, journal clean-up); and the floor, the DBAPI calls of one
+``apply_batch`` replayed per batch in one transaction, ``executemany`` where
+the store called it (psycopg 3 runs that in pipeline mode, under the store
+as in the floor), with fresh ids and times prepared before the clock starts.
+A task counts as three transitions: publish, running, succeeded.
+
+``index``: one transition and one ``get_step_state`` with about a thousand
+attempt rows in ``workflow_step_history`` and again with about a million,
+and the query plans of the statements involved.
 
 The bench creates and drops its own databases (``pikku_bench`` and
 ``pikku_bench_big`` on the PostgreSQL server, fresh files for SQLite); it
@@ -27,6 +43,7 @@ import datetime as dt
 import json
 import os
 import pstats
+import re
 import sqlite3
 import statistics
 import sys
@@ -44,8 +61,12 @@ import psycopg
 import sqlalchemy as sa
 from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import make_url
+from sqlalchemy.engine.interfaces import ExecuteStyle
 
+from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
 from pikku_celery.store import WorkflowStore
+from pikku_celery.store.attempt_writes import NewRun
+from pikku_celery.store.batch import MirrorBatch, NewStep, RunOutcome, StepTransition
 
 # Private, but importing it is what makes the floor's SQLite connection carry
 # exactly the store's pragmas rather than a copy that could drift.
@@ -70,6 +91,7 @@ WARMUP_STEPS: Final = 20
 BLOCK_STEPS: Final = 50
 # Smaller: the index probes have fewer steps, and need many turns to even out bursts.
 PROBE_BLOCK_STEPS: Final = 10
+SECTIONS: Final = ("single", "batch", "index")
 
 
 def say(text: str = "") -> None:
@@ -84,6 +106,8 @@ class Settings:
     big_rows: int
     probe_steps: int
     profile: bool
+    batch_size: int
+    batch_tasks: int
 
 
 # --- captured SQL -------------------------------------------------------------
@@ -210,6 +234,8 @@ class Target(Protocol):
 
     def floor(self, plan: dict[str, list[Statement]]) -> Floor: ...
 
+    def batch_floor(self) -> BatchFloor: ...
+
     def explain(
         self, engine: sa.Engine, statement: Statement, values: Mapping[str, Any]
     ) -> list[str]: ...
@@ -271,6 +297,12 @@ class PgTarget:
         cursor = conn.cursor()
         return Floor(conn, cursor.execute, plan, self.now)
 
+    def batch_floor(self) -> BatchFloor:
+        # A batch is a transaction, as under the store (psycopg opens it on the
+        # first statement, the store's engine does the same).
+        conn = psycopg.connect(_conninfo(self._url.set(database=self._database("main"))))
+        return BatchFloor(conn)
+
     def explain(
         self, engine: sa.Engine, statement: Statement, values: Mapping[str, Any]
     ) -> list[str]:
@@ -328,6 +360,13 @@ class SqliteTarget:
         conn = sqlite3.connect(self._path("main"))
         _on_sqlite_connect(conn, None)
         return Floor(conn, conn.cursor().execute, plan, self.now)
+
+    def batch_floor(self) -> BatchFloor:
+        # The sqlite3 module's own transaction handling, as under SQLAlchemy:
+        # BEGIN before the first write, COMMIT at commit().
+        conn = sqlite3.connect(self._path("main"))
+        _on_sqlite_connect(conn, None)
+        return BatchFloor(conn)
 
     def explain(
         self, engine: sa.Engine, statement: Statement, values: Mapping[str, Any]
@@ -493,16 +532,23 @@ def profile_store(target: Target, settings: Settings) -> None:
         _, step_ids, _ = add_steps(store, steps, "profiled")
         profiler = cProfile.Profile()
         profiler.runcall(store_transitions, store, step_ids)
-    stats = pstats.Stats(profiler)
     count = steps * len(STATUSES)
+    say_profile(profiler, count, "transition", f"{count} transitions")
+
+
+def say_profile(profiler: cProfile.Profile, count: int, unit: str, what: str) -> None:
+    stats = pstats.Stats(profiler)
     total = sum(entry[2] for entry in stats.stats.values())  # type: ignore[attr-defined]
     driver = _driver_time(stats)
-    say(f"  {count} transitions under cProfile (profiling inflates Python-heavy code):")
-    say(f"    total                        {total / count * 1e6:8.1f} µs per transition")
-    say(f"    in the driver (execute/fetch/commit/rollback) {driver / count * 1e6:8.1f} µs")
+    say(f"  {what} under cProfile (profiling inflates Python-heavy code):")
+    say(f"    total                        {total / count * 1e6:8.1f} µs per {unit}")
+    say(
+        "    in the driver (execute/executemany/fetch/commit/rollback) "
+        f"{driver / count * 1e6:8.1f} µs"
+    )
     say(f"    elsewhere (SQLAlchemy, store) {(total - driver) / count * 1e6:8.1f} µs")
     say("  top functions by own time:")
-    for (path, line, name), entry in _top(stats, 12):
+    for (path, line, name), entry in _top(stats, 15):
         calls, own, cumulative = entry[1], entry[2], entry[3]
         where = name if path == "~" else f"{_short(path)}:{line}({name})"
         say(
@@ -528,7 +574,7 @@ def _top(stats: pstats.Stats, limit: int) -> list[tuple[tuple[str, int, str], An
 def _driver_time(stats: pstats.Stats) -> float:
     """Cumulative time of the DBAPI calls that talk to the database."""
     table: dict[tuple[str, int, str], Any] = stats.stats  # type: ignore[attr-defined]
-    wanted = ("execute", "fetchone", "fetchall", "commit", "rollback")
+    wanted = ("execute", "executemany", "fetchone", "fetchall", "commit", "rollback")
     total = 0.0
     for (path, _line, name), entry in table.items():
         if path == "~":
@@ -542,6 +588,336 @@ def _driver_time(stats: pstats.Stats) -> float:
         ):
             total += entry[3]
     return total
+
+
+# --- group commits ------------------------------------------------------------
+
+# What the mirror writes for one lone Celery task, published, run and succeeded.
+TASK_TRANSITIONS: Final = 3  # publish (scheduled), running, succeeded
+TASK_INPUT: Final = {"args": [1], "kwargs": {}}
+TASK_WIRE: Final = {"type": "task"}
+WORKER: Final = "bench@localhost"
+# Each side's runs carry their own workflow name, so each side's rows can be counted.
+BATCH_SIDES: Final = ("apply_batch", "mirror", "floor")
+# Ids and times inside parameter values, whole or within JSON text (rows sent as
+# one JSON document): SQLite's stored text, or ISO 8601 as json.dumps writes it.
+UUID_TEXT: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+TIME_TEXT: Final = re.compile(
+    r"(\d{4}-\d{2}-\d{2})([ T])(\d{2}:\d{2}:\d{2}\.\d{6})((?:[+-]\d{2}:\d{2})?)"
+)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call the store made on its DBAPI cursor while applying a batch."""
+
+    sql: str
+    # executemany: a list of parameter sets; else one (a multi-row VALUES
+    # statement from SQLAlchemy's insertmanyvalues is one execute).
+    params: Any
+    many: bool
+
+
+def capture_calls(store: WorkflowStore, action: Callable[[], object]) -> list[Call]:
+    """The DBAPI calls ``action`` makes the store send, in order."""
+    seen: list[Call] = []
+
+    def listener(
+        conn: sa.Connection,
+        cursor: Any,
+        statement: str,
+        parameters: Any,
+        context: Any,
+        executemany: bool,
+    ) -> None:
+        many = executemany and context.execute_style is ExecuteStyle.EXECUTEMANY
+        seen.append(Call(statement, parameters, many))
+
+    sa.event.listen(store.engine, "before_cursor_execute", listener)
+    try:
+        action()
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", listener)
+    return seen
+
+
+class Refresh:
+    """Captured parameters made new: every id a fresh UUID (the same id twice, the
+    same new one), every time moved by ``shift``; everything else as captured."""
+
+    def __init__(self, shift: dt.timedelta) -> None:
+        self.shift = shift
+        self.ids: dict[str, str] = {}
+
+    def _id(self, match: re.Match[str]) -> str:
+        fresh = self.ids.get(match[0])
+        if fresh is None:
+            fresh = self.ids[match[0]] = str(uuid.uuid4())
+        return fresh
+
+    def _time(self, match: re.Match[str]) -> str:
+        date, sep, clock, zone = match.groups()
+        moved = dt.datetime.fromisoformat(f"{date}T{clock}") + self.shift
+        return moved.isoformat(sep, "microseconds") + zone
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return TIME_TEXT.sub(self._time, UUID_TEXT.sub(self._id, value))
+        if isinstance(value, dt.datetime):
+            return value + self.shift
+        if isinstance(value, list):
+            return [self(item) for item in value]
+        if isinstance(value, tuple):
+            return tuple(self(item) for item in value)
+        if isinstance(value, dict):
+            return {key: self(item) for key, item in value.items()}
+        return value
+
+
+class BatchFloor:
+    """Captured batch calls replayed through a bare DBAPI connection, one transaction
+    per batch. ``cursor.executemany`` where the store called it: psycopg 3 runs it
+    in pipeline mode, as it does under the store."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._cursor = conn.cursor()
+
+    def apply(self, calls: Sequence[Call]) -> None:
+        cursor = self._cursor
+        for call in calls:
+            if call.many:
+                cursor.executemany(call.sql, call.params)
+            else:
+                cursor.execute(call.sql, call.params)
+                if cursor.description is not None:
+                    cursor.fetchall()
+        self._conn.commit()
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def encoded(store: WorkflowStore, value: Any) -> str:
+    return store.codec.encode(value, "bench value")
+
+
+def lone_task_batch(store: WorkflowStore, workflow: str, step_ids: Sequence[str]) -> MirrorBatch:
+    """What the mirror's planner makes of lone tasks published, started and succeeded
+    in one batch: a new step (with its run), one coalesced transition, one outcome."""
+    data, wire, result = (
+        encoded(store, TASK_INPUT),
+        encoded(store, TASK_WIRE),
+        encoded(store, RESULT),
+    )
+    batch = MirrorBatch()
+    for step_id in step_ids:
+        published = dt.datetime.now(dt.timezone.utc)
+        started = published + dt.timedelta(microseconds=100)
+        ended = started + dt.timedelta(microseconds=100)
+        batch.steps.append(
+            NewStep(
+                run_id=step_id,
+                step_id=step_id,
+                step_name="task",
+                rpc_name=workflow,
+                data_json=data,
+                at=published,
+                run_workflow=workflow,
+                run_input_json=data,
+                run_wire_json=wire,
+            )
+        )
+        batch.transitions.append(
+            StepTransition(
+                step_id=step_id,
+                attempt=1,
+                status="succeeded",
+                at=ended,
+                running_at=started,
+                ended_at=ended,
+                result_json=result,
+                task_id=step_id,
+                worker=WORKER,
+                pid=os.getpid(),
+                reason="first",
+                delivery_ids=(str(uuid.uuid4()),),
+            )
+        )
+        batch.outcomes.append(RunOutcome(step_id, step_id, "complete", ended))
+    return batch
+
+
+def new_ids(count: int) -> list[str]:
+    return [str(uuid.uuid4()) for _ in range(count)]
+
+
+def published_steps(workflow: str, count: int) -> list[PublishedStep]:
+    """What a publisher hands the mirror for ``count`` lone tasks."""
+    return [
+        PublishedStep(
+            run_id=step_id,
+            step_id=step_id,
+            step_name="task",
+            rpc_name=workflow,
+            data=TASK_INPUT,
+            new_run=NewRun(workflow, TASK_INPUT, TASK_WIRE),
+        )
+        for step_id in new_ids(count)
+    ]
+
+
+def mirror_tasks(mirror: CeleryMirror, steps: Sequence[PublishedStep]) -> None:
+    """Every signal's event journaled, then one flush: the whole path to COMMIT."""
+    pid = os.getpid()
+    for step in steps:
+        mirror.published(step)
+        mirror.started(step.step_id, 1, worker=WORKER, pid=pid)
+        mirror.succeeded(step.run_id, step.step_id, 1, RESULT)
+    if not mirror.flush():
+        raise RuntimeError("the mirror could not flush its journal")
+
+
+def apply_batches(store: WorkflowStore, batches: Sequence[MirrorBatch]) -> None:
+    for batch in batches:
+        result = store.apply_batch(batch)
+        if result.missing:
+            raise RuntimeError(f"apply_batch missed {len(result.missing)} steps")
+
+
+def completed_runs(store: WorkflowStore) -> dict[str, int]:
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT workflow, count(*) FROM workflow_runs WHERE status = 'completed' "
+            "GROUP BY workflow"
+        ).all()
+    return {str(workflow): int(count) for workflow, count in rows}
+
+
+def side_workflow(side: str) -> str:
+    return f"bench.{side}"
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The floor's template: one batch's calls, and when its values were made."""
+
+    calls: list[Call]
+    made: dt.datetime
+
+    def fresh(self) -> list[Call]:
+        refresh = Refresh(dt.datetime.now(dt.timezone.utc) - self.made)
+        return [Call(call.sql, refresh(call.params), call.many) for call in self.calls]
+
+
+def capture_batch(store: WorkflowStore, size: int) -> BatchPlan:
+    made = dt.datetime.now(dt.timezone.utc)
+    batch = lone_task_batch(store, side_workflow("floor"), new_ids(size))
+    calls = capture_calls(store, partial(apply_batches, store, [batch]))
+    return BatchPlan(calls, made)
+
+
+def mirror_statements(store: WorkflowStore, mirror: CeleryMirror, size: int) -> list[str]:
+    steps = published_steps(side_workflow("mirror"), size)
+    return [call.sql for call in capture_calls(store, partial(mirror_tasks, mirror, steps))]
+
+
+@dataclass(frozen=True)
+class BatchThroughput:
+    database: str
+    batch_size: int
+    statements: int
+    rates: dict[str, list[float]]  # tasks per second, per side and round
+
+    def tasks(self, side: str) -> float:
+        return statistics.median(self.rates[side])
+
+    def ratio(self, side: str) -> float:
+        return self.tasks(side) / self.tasks("floor")
+
+    def overhead_us(self, side: str) -> float:
+        return (1 / self.tasks(side) - 1 / self.tasks("floor")) * 1e6
+
+    @property
+    def met(self) -> bool:
+        return self.ratio("apply_batch") >= TARGET_RATIO
+
+
+def measure_batches(target: Target, settings: Settings) -> BatchThroughput:
+    size = settings.batch_size
+    batches = max(1, settings.batch_tasks // size)
+    tasks = batches * size
+    with opened(target) as store, tempfile.TemporaryDirectory(prefix="pikku-journal-") as journal:
+        mirror = CeleryMirror(
+            store, journal_dir=journal, batch_size=size * TASK_TRANSITIONS, background=False
+        )
+        floor = target.batch_floor()
+        try:
+            plan = capture_batch(store, size)
+            sent = mirror_statements(store, mirror, size)
+            if sent != [call.sql for call in plan.calls]:
+                say("  note: the mirror's flush sends other statements than apply_batch here")
+            # Warm-up: a batch per side outside the rounds.
+            apply_batches(store, [lone_task_batch(store, "bench.warm", new_ids(size))])
+            floor.apply(plan.fresh())
+            mirror_tasks(mirror, published_steps("bench.warm", size))
+            rates: dict[str, list[float]] = {side: [] for side in BATCH_SIDES}
+            for round_no in range(settings.rounds):
+                # Made before the clock starts: the store's batches as the planner
+                # hands them over, the floor's calls with fresh values, the mirror's
+                # steps as the publisher's signal handler has them.
+                store_batches = [
+                    lone_task_batch(store, side_workflow("apply_batch"), new_ids(size))
+                    for _ in range(batches)
+                ]
+                floor_batches = [plan.fresh() for _ in range(batches)]
+                mirror_batches = [
+                    published_steps(side_workflow("mirror"), size) for _ in range(batches)
+                ]
+                before = completed_runs(store)
+                spent = dict.fromkeys(BATCH_SIDES, 0.0)
+                for block in range(batches):
+                    actions: list[tuple[str, Callable[[], object]]] = [
+                        (
+                            "apply_batch",
+                            partial(apply_batches, store, store_batches[block : block + 1]),
+                        ),
+                        ("mirror", partial(mirror_tasks, mirror, mirror_batches[block])),
+                        ("floor", partial(floor.apply, floor_batches[block])),
+                    ]
+                    # Each side takes each place in turn, so a slow spell of the
+                    # disk or a checkpoint lands on every side alike.
+                    turn = (round_no + block) % len(actions)
+                    for side, action in actions[turn:] + actions[:turn]:
+                        spent[side] += timed(action)
+                after = completed_runs(store)
+                for side in BATCH_SIDES:
+                    done = after.get(side_workflow(side), 0) - before.get(side_workflow(side), 0)
+                    if done != tasks:
+                        raise RuntimeError(f"{side} completed {done} of {tasks} runs")
+                    rates[side].append(tasks / spent[side])
+                say(
+                    f"  round {round_no + 1}/{settings.rounds}: "
+                    + ", ".join(f"{side} {rates[side][-1]:,.0f} tasks/s" for side in BATCH_SIDES)
+                )
+        finally:
+            floor.close()
+            mirror.close()
+    return BatchThroughput(
+        database=target.name, batch_size=size, statements=len(plan.calls), rates=rates
+    )
+
+
+def profile_batches(target: Target, settings: Settings) -> None:
+    """Where apply_batch's time goes: cProfile over prebuilt batches."""
+    size = settings.batch_size
+    batches = max(1, settings.batch_tasks // size)
+    with opened(target) as store:
+        apply_batches(store, [lone_task_batch(store, "bench.warm", new_ids(size))])
+        work = [lone_task_batch(store, "bench.profiled", new_ids(size)) for _ in range(batches)]
+        profiler = cProfile.Profile()
+        profiler.runcall(apply_batches, store, work)
+    say_profile(profiler, batches * size, "task", f"{batches} batches of {size} tasks")
 
 
 # --- index check --------------------------------------------------------------
@@ -792,7 +1168,58 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         say("  ".join(cells))
 
 
-def report(throughputs: Sequence[Throughput], checks: Sequence[IndexCheck]) -> None:
+def report_batches(rows: Sequence[BatchThroughput]) -> None:
+    say()
+    say(
+        "Group commits: lone tasks per second (median of rounds; one transaction per "
+        f"batch; {TASK_TRANSITIONS} transitions per task: publish, running, succeeded)"
+    )
+    lines: list[tuple[str, ...]] = []
+    for row in rows:
+        floor = row.tasks("floor")
+        for side in ("apply_batch", "mirror"):
+            ratio = row.ratio(side)
+            gated = side == "apply_batch"
+            lines.append(
+                (
+                    row.database,
+                    side if gated else "mirror+journal",
+                    str(row.batch_size),
+                    str(row.statements),
+                    f"{row.tasks(side):,.0f}",
+                    f"{row.tasks(side) * TASK_TRANSITIONS:,.0f}",
+                    f"{floor:,.0f}",
+                    f"{floor * TASK_TRANSITIONS:,.0f}",
+                    f"{ratio:.3f}",
+                    f"{TARGET_RATIO:.2f}" if gated else "-",
+                    ("yes" if ratio >= TARGET_RATIO else "NO") if gated else "-",
+                    f"{row.overhead_us(side):.1f}",
+                )
+            )
+    table(
+        (
+            "database",
+            "path",
+            "batch",
+            "calls/batch",
+            "tasks/s",
+            "trans/s",
+            "floor tasks/s",
+            "floor trans/s",
+            "path/floor",
+            "target",
+            "met",
+            "µs/task extra",
+        ),
+        lines,
+    )
+
+
+def report(
+    throughputs: Sequence[Throughput],
+    batch_rows: Sequence[BatchThroughput],
+    checks: Sequence[IndexCheck],
+) -> None:
     if throughputs:
         say()
         say("Transitions per second (median of rounds; one transaction per transition)")
@@ -821,6 +1248,8 @@ def report(throughputs: Sequence[Throughput], checks: Sequence[IndexCheck]) -> N
                 for row in throughputs
             ],
         )
+    if batch_rows:
+        report_batches(batch_rows)
     if not checks:
         return
     say()
@@ -855,8 +1284,9 @@ def report(throughputs: Sequence[Throughput], checks: Sequence[IndexCheck]) -> N
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.store_bench",
-        description="Store transitions per second against the raw-driver floor, "
-        "and transition/get_step_state cost at 1k vs 1M attempt rows.",
+        description="Store writes per second against the raw-driver floor, one "
+        "transition per transaction and in the mirror's group commits, and "
+        "transition/get_step_state cost at 1k vs 1M attempt rows.",
     )
     parser.add_argument(
         "--pg-url",
@@ -871,21 +1301,35 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a new file for the SQLite database (default: one in a temporary directory); "
         "it and a -big sibling are deleted afterwards",
     )
+    parser.add_argument(
+        "--section",
+        choices=("all", *SECTIONS),
+        default="all",
+        help="single: one transaction per transition (set_step_*); batch: group commits "
+        "(apply_batch and the mirror, as the mirror writes); index: 1k vs 1M attempt rows "
+        "(default: all)",
+    )
     parser.add_argument("--transitions", type=int, help="transitions per side per round")
+    parser.add_argument("--batch-size", type=int, help="lone tasks per group commit (default 100)")
+    parser.add_argument("--tasks", type=int, help="lone tasks per side per round (batch)")
     parser.add_argument("--rounds", type=int, help="throughput rounds; the median is reported")
     parser.add_argument("--big-rows", type=int, help="attempt rows for the large index sample")
     parser.add_argument(
         "--quick", action="store_true", help="small numbers, for a smoke test (under a minute)"
     )
     parser.add_argument("--only", choices=("postgresql", "sqlite"), help="bench one database")
-    parser.add_argument("--skip-index", action="store_true", help="only the throughput comparison")
+    parser.add_argument(
+        "--skip-index", action="store_true", help="leave the index check out of --section all"
+    )
     parser.add_argument(
         "--check",
         action="store_true",
         help=f"exit 1 when the store is below {TARGET_RATIO} of the floor or the index check fails",
     )
     parser.add_argument(
-        "--profile", action="store_true", help="also profile the store's transitions (cProfile)"
+        "--profile",
+        action="store_true",
+        help="also profile the store's transitions and apply_batch (cProfile)",
     )
     return parser.parse_args(argv)
 
@@ -899,9 +1343,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
         big_rows=args.big_rows or (100_000 if quick else 1_000_000),
         probe_steps=100 if quick else 300,
         profile=bool(args.profile),
+        batch_size=args.batch_size or 100,
+        batch_tasks=args.tasks or (500 if quick else 3000),
     )
     if settings.transitions < len(STATUSES) or settings.rounds < 1:
         raise SystemExit("--transitions must be at least 3 and --rounds at least 1")
+    if settings.batch_size < 2 or settings.batch_tasks < settings.batch_size:
+        raise SystemExit("--batch-size must be at least 2 and --tasks at least --batch-size")
     if settings.big_rows < 10 * settings.small_rows:
         raise SystemExit(f"--big-rows must be at least {10 * settings.small_rows:,}")
     return settings
@@ -916,26 +1364,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             targets.append(PgTarget(args.pg_url))
         if args.only in (None, "sqlite"):
             targets.append(SqliteTarget(args.sqlite_path))
+        sections = set(SECTIONS) if args.section == "all" else {args.section}
+        if args.skip_index and args.section == "all":
+            sections.discard("index")
         started = time.perf_counter()
         throughputs: list[Throughput] = []
+        batch_rows: list[BatchThroughput] = []
         checks: list[IndexCheck] = []
-        for target in targets:
+        for target in targets if "single" in sections else ():
             say(f"{target.name}: {settings.rounds} rounds of {settings.transitions:,} transitions")
             throughputs.append(measure_throughput(target, settings))
             if settings.profile:
                 profile_store(target, settings)
-        if not args.skip_index:
+        for target in targets if "batch" in sections else ():
+            tasks = settings.batch_tasks - settings.batch_tasks % settings.batch_size
+            say(
+                f"{target.name}: {settings.rounds} rounds of {tasks:,} lone tasks "
+                f"in batches of {settings.batch_size}"
+            )
+            batch_rows.append(measure_batches(target, settings))
+            if settings.profile:
+                profile_batches(target, settings)
+        if "index" in sections:
             for target in targets:
                 sizes = f"~{settings.small_rows:,} vs ~{settings.big_rows:,} attempt rows"
                 say(f"{target.name}: index check, {sizes}")
                 checks.append(measure_index(target, settings))
-        report(throughputs, checks)
+        report(throughputs, batch_rows, checks)
         say()
         say(f"done in {time.perf_counter() - started:.0f} s")
     finally:
         for target in targets:
             target.drop()
-    met = all(row.ratio >= TARGET_RATIO for row in throughputs)
+    met = all(row.ratio >= TARGET_RATIO for row in throughputs) and all(
+        row.met for row in batch_rows
+    )
     flat = all(check.flat and check.indexed for check in checks)
     return 1 if args.check and not (met and flat) else 0
 
