@@ -11,6 +11,7 @@ from pikku_celery.errors import (
     SerializationError,
     StepAlreadyExists,
     StepNotFound,
+    StoreConflict,
     StoreError,
     StoreUnavailable,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "StepAttempt",
     "StepNotFound",
     "StepState",
+    "StoreConflict",
     "StoreError",
     "StoreUnavailable",
     "WorkflowRun",

@@ -14,7 +14,8 @@
     │   ├── StepAlreadyExists       (run, step name) is taken
     │   ├── InvalidStatus           a status outside the allowed set
     │   ├── SchemaNotCurrent        the database schema is behind the code
-    │   └── StoreUnavailable        the database cannot be reached (transient)
+    │   ├── StoreUnavailable        the database cannot be reached (transient)
+    │   └── StoreConflict           rolled back for a concurrent transaction (transient)
     └── WorkflowError               a durable workflow could not go on
         ├── StepFailed              a step failed for good (raised at its ctx.do)
         ├── StepMismatch            a replay asked a recorded step for another task
@@ -137,6 +138,11 @@ class SchemaNotCurrent(StoreError):
 
 class StoreUnavailable(StoreError, Transient):
     """The workflow database cannot be reached; check that it is running and the URL is right."""
+
+
+class StoreConflict(StoreError, Transient):
+    """The workflow database rolled the transaction back because it conflicted with another
+    (a deadlock or a serialization failure); run it again."""
 
 
 class WorkflowError(PikkuCeleryError):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from pikku_celery.errors import StoreError, Transient
+from pikku_celery.errors import StoreConflict, StoreError, Transient
 from pikku_celery.integration.apply import Pending, plan
 from pikku_celery.integration.events import MirrorEvent, decode, encode
 from pikku_celery.store import WorkflowStore
@@ -234,7 +234,15 @@ class Delivery:
                 except Exception as exc:
                     if not isinstance(exc, Transient):
                         raise
-                    self._spooling(journal, exc)
+                    if isinstance(exc, StoreConflict):
+                        # Another batch held what this one needed: nothing is away.
+                        logger.info(
+                            "pikku-celery writes a batch again: %s",
+                            exc,
+                            extra={"action": "mirror_batch_conflict"},
+                        )
+                    else:
+                        self._spooling(journal, exc)
                     return False
                 if self._outage_since is not None:
                     self._outage_written += len(entries)

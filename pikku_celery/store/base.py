@@ -21,6 +21,7 @@ from pikku_celery.errors import (
     InvalidStatus,
     PikkuCeleryError,
     SchemaNotCurrent,
+    StoreConflict,
     StoreError,
     StoreUnavailable,
 )
@@ -52,6 +53,15 @@ def sqlite_value(value: Any) -> Any:
         # The format SQLAlchemy's SQLite DateTime writes and reads: naive UTC.
         return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
     return value
+
+
+# SQLSTATE class 40: the server rolled the transaction back (deadlock, serialization).
+_ROLLED_BACK: Final = "40"
+
+
+def _is_conflict(orig: BaseException | None) -> bool:
+    state = getattr(orig, "sqlstate", None)
+    return isinstance(state, str) and state.startswith(_ROLLED_BACK)
 
 
 MAX_PAGE: Final = 1000
@@ -158,6 +168,11 @@ class StoreBase:
                 raise SchemaNotCurrent(
                     f"The workflow tables at {safe_url(self.engine.url)} are missing or old; "
                     "run `pikku-celery db upgrade` (or WorkflowStore.init())."
+                ) from exc
+            if _is_conflict(exc.orig):
+                raise StoreConflict(
+                    "The workflow database rolled a transaction back because it conflicted "
+                    f"with another ({type(exc.orig).__name__}); run it again."
                 ) from exc
             if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError) or (
                 exc.connection_invalidated

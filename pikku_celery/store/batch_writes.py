@@ -292,22 +292,21 @@ class BatchWrites(StoreBase):
     def _outcomes_pg(
         self, c: sa.Connection, complete: dict[str, dt.datetime], settle: list[dict[str, Any]]
     ) -> None:
+        ended = sorted({r["run_id"] for r in settle} | set(complete))
+        if not ended:
+            return
+        # Every run the batch ends is locked first, in id order (after its steps).
+        self._run_compiled(c, bq.lock_runs_pg, {"run_ids": ended})
         if settle:
             rows = [
-                {
-                    "run_id": r["run_id"],
-                    "now": r["now"],
-                    "status": r["new_status"],
-                    "error": r["error"],
-                }
+                {"run_id": r["run_id"], "now": r["now"], "status": r["new_status"]}
+                | {"error": r["error"]}
                 for r in settle
             ]
             self._set(c, bq.settle_runs_pg, rows, run_ids=sorted({r["run_id"] for r in rows}))
         if complete:
             rows = [{"run_id": run_id, "now": at} for run_id, at in complete.items()]
-            run_ids = sorted(complete)
-            self._run_compiled(c, bq.lock_runs_pg, {"run_ids": run_ids})
-            self._set(c, bq.complete_runs_pg, rows, run_ids=run_ids)
+            self._set(c, bq.complete_runs_pg, rows, run_ids=sorted(complete))
 
     def _set(
         self, c: sa.Connection, statement: sa.Executable, rows: list[dict[str, Any]], **ids: Any

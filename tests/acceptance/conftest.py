@@ -46,6 +46,14 @@ BROKERS = {
     "rabbitmq": (AMQP_URL, address(AMQP_URL)[1]),
 }
 BACKEND_URL = redis_db(14)
+# What the mirror logs when it could not journal an event, write a batch, or reach the
+# database; a test whose database never went away sees none of them.
+MIRROR_TROUBLE = (
+    "could not journal",
+    "could not write its journal",
+    "set aside a",
+    "cannot reach the workflow database",
+)
 QUEUE = f"shop-{uuid.uuid4().hex[:8]}"
 
 

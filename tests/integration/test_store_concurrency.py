@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import sqlalchemy as sa
 
@@ -49,3 +51,31 @@ def test_concurrent_transitions_of_one_attempt_converge(pg_store: WorkflowStore)
     [attempt] = pg_store.get_run_history(run_id)
     assert (attempt.status, attempt.result) == ("succeeded", "paid")
     assert pg_store.get_step_state(run_id, "charge").status == "succeeded"
+
+
+def test_a_deadlock_is_a_conflict_to_run_again_not_an_unreachable_database(
+    pg_store: WorkflowStore,
+) -> None:
+    from pikku_celery.errors import StoreConflict, StoreUnavailable
+    from pikku_celery.schema import workflow_runs
+
+    runs = [pg_store.create_run("pair", {}) for _ in range(2)]
+    touch = sa.update(workflow_runs).values(inline=True)
+    both_hold_one = threading.Barrier(2)
+    outcomes: list[BaseException | None] = []
+
+    def cross(index: int) -> None:
+        first, second = runs[index], runs[1 - index]
+        try:
+            with pg_store.transaction() as conn:
+                conn.execute(touch.where(workflow_runs.c.workflow_run_id == first))
+                both_hold_one.wait()
+                conn.execute(touch.where(workflow_runs.c.workflow_run_id == second))
+            outcomes.append(None)
+        except BaseException as exc:
+            outcomes.append(exc)
+
+    run_threads(2, cross)
+    [lost] = [exc for exc in outcomes if exc is not None]
+    assert isinstance(lost, StoreConflict) and not isinstance(lost, StoreUnavailable)
+    assert "run it again" in str(lost)
