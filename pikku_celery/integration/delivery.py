@@ -235,14 +235,15 @@ class Delivery:
                     if not isinstance(exc, Transient):
                         raise
                     if isinstance(exc, StoreConflict):
-                        # Another batch held what this one needed: nothing is away.
+                        # Another batch held what this one needed: nothing is away, so
+                        # the batch goes again at the next flush, with no backoff.
                         logger.info(
                             "pikku-celery writes a batch again: %s",
                             exc,
                             extra={"action": "mirror_batch_conflict"},
                         )
-                    else:
-                        self._spooling(journal, exc)
+                        return True
+                    self._spooling(journal, exc)
                     return False
                 if self._outage_since is not None:
                     self._outage_written += len(entries)
