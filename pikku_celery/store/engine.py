@@ -83,8 +83,8 @@ def make_engine(url: str | sa.URL | None = None, **engine_options: Any) -> sa.En
     """An engine for ``url`` (default: ``PIKKU_DATABASE_URL``, else ``sqlite:///pikku.db``)."""
     parsed = _normalise(url if url is not None else database_url_from_env())
     if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
-        # A database cut off by the network must fail fast (the mirror then spools),
-        # not hang a task's signal handler for the operating system's TCP timeout.
+        # A database cut off by the network must fail fast (the journal keeps the events
+        # meanwhile), not hold a flush or a command for the system's TCP timeout.
         connect_args = dict(engine_options.pop("connect_args", {}))
         connect_args.setdefault("connect_timeout", 5)
         engine_options["connect_args"] = connect_args
