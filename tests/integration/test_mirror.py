@@ -398,3 +398,28 @@ def test_two_last_steps_ending_at_once_in_two_processes_complete_their_run(
     assert store.get_run(run_id).status == "completed"
     publisher.close()
     store.close()
+
+
+def test_sqlite_batches_of_several_processes_take_the_write_lock_in_turn(
+    tmp_path: Path,
+) -> None:
+    import fcntl
+
+    path = tmp_path / "turns.db"
+    store = WorkflowStore(f"sqlite:///{path}")
+    store.init()
+    mirror = mirror_of(store, tmp_path)
+    step_id = str(uuid.uuid4())
+    mirror.published(lone(step_id))
+    done = threading.Event()
+    with open(f"{path}-pikku-writers", "a+b") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)  # another process's batch is being written
+        flusher = threading.Thread(target=lambda: (mirror.flush(), done.set()), daemon=True)
+        flusher.start()
+        assert not done.wait(0.3)  # queued behind it, not sleeping in SQLite's busy handler
+        fcntl.flock(turn, fcntl.LOCK_UN)
+    flusher.join(10)
+    assert done.is_set()
+    assert store.get_step_state(step_id, "charge").status == "scheduled"
+    mirror.close()
+    store.close()
