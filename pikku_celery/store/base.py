@@ -64,6 +64,11 @@ def _is_conflict(orig: BaseException | None) -> bool:
     return isinstance(state, str) and state.startswith(_ROLLED_BACK)
 
 
+def _driver_params(values: dict[str, Any], order: tuple[str, ...] | None) -> Any:
+    # SQLite: positional parameters, and time as the text SQLAlchemy stores.
+    return values if order is None else tuple(sqlite_value(values[name]) for name in order)
+
+
 MAX_PAGE: Final = 1000
 
 
@@ -237,11 +242,17 @@ class StoreBase:
         already made, and aware datetimes, which psycopg sends as timestamptz.
         """
         sql, constants, order = self._compile(statement)
-        values = {**constants, **params}
-        if order is None:
-            return conn.exec_driver_sql(sql, values)
-        # SQLite: positional parameters, and time as the text SQLAlchemy stores.
-        return conn.exec_driver_sql(sql, tuple(sqlite_value(values[name]) for name in order))
+        return conn.exec_driver_sql(sql, _driver_params({**constants, **params}, order))
+
+    def _run_compiled_many(
+        self, conn: sa.Connection, statement: sa.Executable, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """:meth:`_run_compiled` with many parameter sets: one ``executemany``, which
+        psycopg sends in pipeline mode (one round trip)."""
+        if not rows:
+            return
+        sql, constants, order = self._compile(statement)
+        conn.exec_driver_sql(sql, [_driver_params({**constants, **row}, order) for row in rows])
 
     def _compile(
         self, statement: sa.Executable

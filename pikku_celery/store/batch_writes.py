@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from pikku_celery.errors import InvalidStatus
 from pikku_celery.store import attempt_queries as aq
 from pikku_celery.store import batch_queries as bq
-from pikku_celery.store.base import StoreBase, like_prefix, new_id, sqlite_value
+from pikku_celery.store.base import StoreBase, like_prefix, new_id
 from pikku_celery.store.batch import (
     TRANSITION_STATUSES,
     BatchResult,
@@ -169,7 +169,7 @@ class BatchWrites(StoreBase):
                     for r, s in zip(rows, placed, strict=True)
                     if (s.run_workflow is not None) is with_run
                 ]
-                self._many(c, aq.schedule_step_pg(with_run), same)
+                self._run_compiled_many(c, aq.schedule_step_pg(with_run), same)
             return self._not_written(c, placed)
         run_rows = [
             {
@@ -187,8 +187,8 @@ class BatchWrites(StoreBase):
         ]
         if run_rows:
             c.execute(aq.insert_run_once(self.dialect), run_rows)
-        self._many(c, aq.schedule_step(self.dialect), rows)
-        self._many(c, aq.schedule_attempt(self.dialect), rows)
+        self._run_compiled_many(c, aq.schedule_step(self.dialect), rows)
+        self._run_compiled_many(c, aq.schedule_attempt(self.dialect), rows)
         return self._not_written(c, placed)
 
     def _not_written(self, c: sa.Connection, placed: Sequence[NewStep]) -> set[str]:
@@ -251,8 +251,8 @@ class BatchWrites(StoreBase):
                 ids = sorted({row["step_id"] for row in rows})
                 self._set(c, bq.record_attempts_pg(status), rows, step_ids=ids)
                 continue
-            self._many(c, aq.record_attempt_step(status), rows)
-            self._many(c, aq.record_attempt(self.dialect, status), rows)
+            self._run_compiled_many(c, aq.record_attempt_step(status), rows)
+            self._run_compiled_many(c, aq.record_attempt(self.dialect, status), rows)
 
     def _write_outcomes(
         self,
@@ -280,13 +280,13 @@ class BatchWrites(StoreBase):
             self._outcomes_pg(c, complete, list(settle.values()))
             return replay
         if settle:
-            self._many(c, aq.settle_run, list(settle.values()))
+            self._run_compiled_many(c, aq.settle_run, list(settle.values()))
         if complete:
             rows = [{"run_id": run_id, "now": at} for run_id, at in sorted(complete.items())]
             # Touched first, in one order: two batches finishing steps of the same
             # runs lock them in the same order and never deadlock.
-            self._many(c, aq.touch_run, rows)
-            self._many(c, aq.complete_run_if_done, rows)
+            self._run_compiled_many(c, aq.touch_run, rows)
+            self._run_compiled_many(c, aq.complete_run_if_done, rows)
         return replay
 
     def _outcomes_pg(
@@ -314,17 +314,3 @@ class BatchWrites(StoreBase):
         """PostgreSQL: one statement for all the rows, sent as one JSON array."""
         if rows:
             self._run_compiled(c, statement, {"rows": json.dumps(rows, default=_iso), **ids})
-
-    def _many(self, c: sa.Connection, statement: sa.Executable, rows: list[dict[str, Any]]) -> None:
-        """One statement, many parameter sets: one round trip (pipeline mode on psycopg)."""
-        if not rows:
-            return
-        if len(rows) == 1:
-            self._run_compiled(c, statement, rows[0])
-            return
-        sql, constants, order = self._compile(statement)
-        if order is None:
-            c.exec_driver_sql(sql, [{**constants, **row} for row in rows])
-        else:
-            values = [{**constants, **row} for row in rows]
-            c.exec_driver_sql(sql, [tuple(sqlite_value(v[name]) for name in order) for v in values])

@@ -71,22 +71,10 @@ TIMESTAMP_COLUMN: Final[dict[str, str | None]] = {
 
 
 def ranked_below(column: sa.ColumnElement[Any], status: str) -> sa.ColumnElement[bool]:
-    """``rank(column) < rank(status)``, spelled as the statuses it rules out: far shorter
-    SQL (a batch statement holds it many times) and no CASE to evaluate."""
+    """The column's status ranks below ``status`` (``STATUS_RANK``), spelled as the statuses
+    it rules out: short SQL (a batch statement holds it many times), nothing to evaluate."""
     at_or_above = [name for name, order in STATUS_RANK.items() if order >= STATUS_RANK[status]]
     return sa.and_(*(column != name for name in at_or_above))
-
-
-def rank(column: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
-    # The statuses and ranks are the package's own constants, written into the
-    # SQL rather than bound: a dozen fewer parameters on every transition.
-    return sa.case(
-        *(
-            (column == sa.literal_column(f"'{status}'"), sa.literal_column(str(order)))
-            for status, order in STATUS_RANK.items()
-        ),
-        else_=sa.literal_column("0"),
-    )
 
 
 def _outcome_values(status: str) -> dict[str, Any]:
@@ -112,7 +100,7 @@ def _step_update(status: str) -> Update:
         sa.update(steps)
         .where(
             steps.c.workflow_step_id == P("step_id"),
-            rank(steps.c.status) < STATUS_RANK[status],
+            ranked_below(steps.c.status, status),
         )
         .values(
             status=status,
@@ -257,7 +245,7 @@ def transition_pg(status: str) -> sa.Select[Any]:
     upsert = upsert.on_conflict_do_update(
         index_elements=[history.c.workflow_step_id, history.c.attempt],
         set_={name: upsert.excluded[name] for name in values},
-        where=rank(history.c.status) < STATUS_RANK[status],
+        where=ranked_below(history.c.status, status),
     )
     return sa.select(step.c.current_attempt).add_cte(upsert.cte("attempt"))
 
@@ -279,7 +267,7 @@ def transition_sqlite_attempt(status: str) -> Update:
         .where(
             history.c.workflow_step_id == P("step_id"),
             history.c.attempt == P("attempt_no"),
-            rank(history.c.status) < STATUS_RANK[status],
+            ranked_below(history.c.status, status),
         )
         .values(**_attempt_values(status))
     )

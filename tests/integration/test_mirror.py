@@ -43,6 +43,14 @@ def lone(step_id: str, name: str = "charge") -> PublishedStep:
     )
 
 
+def running_lone_task(mirror: CeleryMirror) -> str:
+    """A lone task published and started (attempt 1), as the handlers journal it."""
+    step_id = str(uuid.uuid4())
+    mirror.published(lone(step_id))
+    mirror.started(step_id, 1, worker="w", pid=1)
+    return step_id
+
+
 # What the handlers hand the mirror for: attempt 1 retried, attempt 2 succeeds.
 STORY: list[tuple[str, Event]] = [
     ("published", lambda m, r, s: m.published(lone(s))),
@@ -147,9 +155,7 @@ def test_a_result_that_is_not_json_is_kept_as_a_marked_placeholder(
     store: WorkflowStore, tmp_path: Path
 ) -> None:
     mirror = mirror_of(store, tmp_path)
-    step_id = str(uuid.uuid4())
-    mirror.published(lone(step_id))
-    mirror.started(step_id, 1, worker="w", pid=1)
+    step_id = running_lone_task(mirror)
     mirror.succeeded(step_id, step_id, 1, {1, 2, 3})
     assert mirror.flush()
     [attempt] = store.get_run_history(step_id)
@@ -234,9 +240,7 @@ def test_a_failure_from_the_workers_main_process_ends_the_current_attempt_and_ru
     store: WorkflowStore, tmp_path: Path
 ) -> None:
     mirror = mirror_of(store, tmp_path)
-    step_id = str(uuid.uuid4())
-    mirror.published(lone(step_id))
-    mirror.started(step_id, 1, worker="w", pid=1)
+    step_id = running_lone_task(mirror)
     mirror.retried(step_id, 1, ERROR, None)
     mirror.started(step_id, 2, worker="w", pid=1)
     assert mirror.flush()
@@ -323,9 +327,7 @@ def test_the_ledger_of_counted_deliveries_forgets_old_ones(
     store: WorkflowStore, tmp_path: Path
 ) -> None:
     mirror = mirror_of(store, tmp_path)
-    step_id = str(uuid.uuid4())
-    mirror.published(lone(step_id))
-    mirror.started(step_id, 1, worker="w", pid=1)
+    running_lone_task(mirror)
     assert mirror.flush()
     ledger = sa.text("SELECT count(*) FROM pikku_celery_deliveries")
     with store.engine.connect() as conn:
