@@ -21,6 +21,7 @@ __all__ = [
     "OPEN_STEP_CONDITION",
     "JsonText",
     "UtcDateTime",
+    "leases",
     "metadata",
     "mirror_deliveries",
     "workflow_runs",
@@ -218,4 +219,18 @@ mirror_deliveries = sa.Table(
     sa.Column("event_id", sa.Text, primary_key=True),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Index("idx_pikku_celery_deliveries_created", "created_at"),
+)
+
+# Not one of Pikku's tables either: who holds work that one process of the
+# cluster does at a time (recovery at start, a reaper pass). ``generation``
+# counts every take, so a waiter can tell a pass that began after it looked
+# from the one it waited on. ``expires_at`` is in seconds since the epoch, on
+# the database server's clock where there is one.
+leases = sa.Table(
+    "pikku_celery_leases",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("holder", sa.Text, nullable=False),
+    sa.Column("generation", sa.Integer, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
 )

@@ -27,7 +27,13 @@ REQUIRE_SERVICES = bool(os.environ.get("CI") or os.environ.get("PIKKU_REQUIRE_SE
 PG_ADMIN_URL = os.environ.get(
     "PIKKU_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
-TABLES = ("workflow_step_history", "workflow_step", "workflow_versions", "workflow_runs")
+TABLES = (
+    "workflow_step_history",
+    "workflow_step",
+    "workflow_versions",
+    "workflow_runs",
+    "pikku_celery_leases",
+)
 
 
 def service_missing(what: str, exc: BaseException) -> None:

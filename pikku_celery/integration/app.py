@@ -15,6 +15,7 @@ from pikku_celery.integration.delivery import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL
 from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.task import WorkflowTask, as_task_function
+from pikku_celery.integration.upkeep import ENV_REAPER_INTERVAL, REAPER_INTERVAL, Upkeep
 from pikku_celery.store import WorkflowStore
 from pikku_celery.store.engine import DEFAULT_DATABASE_URL, ENV_DATABASE_URL
 from pikku_celery.workflows.definition import Workflow
@@ -70,6 +71,7 @@ class PikkuCelery:
             ),
         )
         self.workflows = WorkflowEngine(app, self.mirror)
+        self._upkeep: Upkeep | None = None
         # Task events stay the user's choice: Flower needs them, the mirror does not.
         reap_task = as_task_function(self._reap_task)
         app.task(name=REAP_TASK, ignore_result=True, shared=False)(reap_task)
@@ -210,3 +212,53 @@ class PikkuCelery:
 
     def _reap_task(self, **options: Any) -> dict[str, Any]:
         return self.reap(**options).as_dict()
+
+    # --- a worker's own upkeep ---------------------------------------------------------
+
+    @property
+    def reaper_interval(self) -> float:
+        """Seconds between the workers' own reaper passes; 0 when they are turned off.
+
+        ``app.conf.pikku_reaper_interval``, else ``PIKKU_REAPER_INTERVAL``, else 10.
+        """
+        configured = self.app.conf.get("pikku_reaper_interval")
+        if configured is None:
+            configured = os.environ.get(ENV_REAPER_INTERVAL)
+        if configured is None or configured == "":
+            return REAPER_INTERVAL
+        if configured is False:
+            return 0.0
+        try:
+            interval = float(configured)
+        except (TypeError, ValueError):
+            raise ConfigurationError(
+                f"pikku_reaper_interval is seconds (10, 0.5) or 0 to turn the reaper off, "
+                f"not {configured!r}."
+            ) from None
+        if interval < 0:
+            raise ConfigurationError("pikku_reaper_interval is 0 (off) or more seconds.")
+        return interval
+
+    def start_upkeep(self, hostname: str) -> Upkeep:
+        """In a worker's main process once it is ready: recovery, then the reaper at intervals.
+
+        ``app.conf.pikku_reaper_options`` (a dict of :class:`Reaper` arguments)
+        tunes the workers' passes; they look at attempts idle for 1 s.
+        """
+        if self._upkeep is None:
+            options = {"idle_for": 1.0, **(self.app.conf.get("pikku_reaper_options") or {})}
+            self._upkeep = Upkeep(
+                self.mirror,
+                lambda: self.reaper(**options),
+                holder=hostname,
+                interval=self.reaper_interval,
+                recover=self.workflows.recover if self.workflows.workflows else None,
+                recovery_lease=self.workflows.recovery_lease,
+            )
+            self._upkeep.start()
+        return self._upkeep
+
+    def stop_upkeep(self) -> None:
+        if self._upkeep is not None:
+            self._upkeep.stop()
+            self._upkeep = None

@@ -5,6 +5,7 @@ Events of the same attempt in one batch are coalesced into one transition
 once, as succeeded, with both times). Which rows an event moves:
 
 - ``StepPublished``: a new step, scheduled, attempt 1 (and the run of a lone task);
+- ``StepDispatched``: a claimed step's message is out: its attempt gets its task id;
 - ``AttemptStarted``: attempt K running, one delivery counted by event id;
 - ``AttemptRetried``: attempt K failed and attempt K+1 scheduled;
 - ``AttemptSucceeded``: attempt K succeeded; its run completes if it was the last;
@@ -29,6 +30,7 @@ from pikku_celery.integration.events import (
     AttemptStarted,
     AttemptSucceeded,
     MirrorEvent,
+    StepDispatched,
     StepPublished,
 )
 from pikku_celery.store.batch import MirrorBatch, NewStep, RunOutcome, StepTransition
@@ -171,6 +173,11 @@ class _Planner:
         if event.id not in row.delivery_ids:  # the same event twice is one delivery
             row.delivery_ids.append(event.id)
 
+    def dispatched(self, event: StepDispatched) -> None:
+        row = self.attempt(event.step_id, event.attempt)
+        row.move("scheduled", event.at)
+        row.task_id = event.step_id
+
     def retried(self, event: AttemptRetried) -> None:
         self.ended(event.step_id, event.attempt, "failed", event.at, error_json=event.error_json)
         following = self.attempt(event.step_id, event.attempt + 1)
@@ -229,6 +236,8 @@ def plan(pending: Sequence[Pending]) -> MirrorBatch:
             planner.published(event, item.overdue)
         elif isinstance(event, AttemptStarted):
             planner.started(event, item.overdue)
+        elif isinstance(event, StepDispatched):
+            planner.dispatched(event)
         elif isinstance(event, AttemptRetried):
             planner.retried(event)
         elif isinstance(event, AttemptSucceeded):

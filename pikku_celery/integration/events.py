@@ -24,6 +24,7 @@ __all__ = [
     "AttemptStarted",
     "AttemptSucceeded",
     "MirrorEvent",
+    "StepDispatched",
     "StepPublished",
     "decode",
     "encode",
@@ -150,9 +151,28 @@ class AttemptEnded(MirrorEvent):
     orchestrated: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class StepDispatched(MirrorEvent):
+    """The message of a step that a replay claimed in SQL is out (attempt K).
+
+    Until this is in SQL, a claimed step may be one whose replay died between
+    the claim and the publish; the reaper sends such a step once it is overdue.
+    """
+
+    kind: ClassVar[str] = "dispatched"
+    attempt: int
+
+
 _KINDS: Final[dict[str, type[MirrorEvent]]] = {
     cls.kind: cls
-    for cls in (StepPublished, AttemptStarted, AttemptRetried, AttemptSucceeded, AttemptEnded)
+    for cls in (
+        StepPublished,
+        StepDispatched,
+        AttemptStarted,
+        AttemptRetried,
+        AttemptSucceeded,
+        AttemptEnded,
+    )
 }
 _FIELDS: Final = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
 

@@ -37,6 +37,7 @@ from pikku_celery.integration.events import (
     AttemptStarted,
     AttemptSucceeded,
     MirrorEvent,
+    StepDispatched,
     StepPublished,
     new_event_id,
 )
@@ -215,6 +216,12 @@ class CeleryMirror:
                     None if run.wire is None else self._json(run.wire, "wire"),
                 ),
             )
+        )
+
+    def dispatched(self, step_id: str, attempt: int) -> None:
+        """The message of a step claimed by a replay is out."""
+        self._append(
+            StepDispatched(id=new_event_id(), at=time.time(), step_id=step_id, attempt=attempt)
         )
 
     def started(

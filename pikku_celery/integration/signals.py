@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from celery import current_task, signals
 from celery.exceptions import Reject, Retry
 
+from pikku_celery.integration import control
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.mirror import PublishedStep
 from pikku_celery.integration.task import WorkflowTask
@@ -53,6 +54,7 @@ registry: dict[int, PikkuCelery] = {}
 
 def install(pikku: PikkuCelery) -> None:
     registry[id(pikku.app)] = pikku
+    control.register(_journal_folders)
     for signal, handler in _HANDLERS:
         signal.connect(handler, weak=False, dispatch_uid=_UID.format(handler.__name__))
 
@@ -72,6 +74,11 @@ def _isolated(handler: Callable[..., None]) -> Callable[..., None]:
 
     run.__name__ = handler.__name__
     return run
+
+
+def _journal_folders(app: Any) -> list[Any]:
+    pikku = registry.get(id(app))
+    return [] if pikku is None else [pikku.mirror.journal_folder]
 
 
 def _pikku_for(task: Any) -> PikkuCelery | None:
@@ -183,6 +190,20 @@ def before_task_publish(
     headers[h.RUN_ID] = run_id
     # The name asked for: a repeat gets its "#N" when the step reaches SQL.
     headers[h.STEP_NAME] = str(base_name)
+
+
+@_isolated
+def after_task_publish(
+    sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any
+) -> None:
+    dispatch = (headers or {}).get(h.DISPATCH)
+    if not dispatch or sender is None:
+        return
+    for pikku in registry.values():
+        if sender in pikku.app.tasks:  # a step, or the wake-up of a durable sleep
+            step_id, attempt = dispatch
+            pikku.mirror.dispatched(str(step_id), int(attempt))
+            return
 
 
 @_isolated
@@ -327,23 +348,31 @@ def worker_process_shutdown(**_: Any) -> None:
 
 
 @_isolated
-def worker_ready(**_: Any) -> None:
+def worker_init(**_: Any) -> None:
+    control.worker_started()
+
+
+@_isolated
+def worker_ready(sender: Any = None, **_: Any) -> None:
+    hostname = str(getattr(sender, "hostname", None) or os.uname().nodename)
     for pikku in registry.values():
         # The main process's flusher writes its own events (a rejected message, a
         # hard time limit) and adopts the journals of children and processes that
         # are gone, within seconds.
         pikku.mirror.start()
-        pikku.workflows.recover()
+        pikku.start_upkeep(hostname)
 
 
 @_isolated
 def worker_shutdown(**_: Any) -> None:
     for pikku in registry.values():
+        pikku.stop_upkeep()
         pikku.mirror.close()
 
 
 _HANDLERS: Final[list[tuple[Any, Callable[..., None]]]] = [
     (signals.before_task_publish, before_task_publish),
+    (signals.after_task_publish, after_task_publish),
     (signals.task_prerun, task_prerun),
     (signals.task_retry, task_retry),
     (signals.task_success, task_success),
@@ -351,6 +380,7 @@ _HANDLERS: Final[list[tuple[Any, Callable[..., None]]]] = [
     (signals.task_revoked, task_revoked),
     (signals.worker_process_init, worker_process_init),
     (signals.worker_process_shutdown, worker_process_shutdown),
+    (signals.worker_init, worker_init),
     (signals.worker_ready, worker_ready),
     (signals.worker_shutdown, worker_shutdown),
 ]

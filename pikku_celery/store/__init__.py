@@ -7,6 +7,7 @@ from pikku_celery.store.models import (
     StaleStep,
     StepAttempt,
     StepState,
+    UnsentClaim,
     WorkflowRun,
     WorkflowVersion,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "StaleStep",
     "StepAttempt",
     "StepState",
+    "UnsentClaim",
     "WorkflowRun",
     "WorkflowStore",
     "WorkflowVersion",

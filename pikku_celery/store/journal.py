@@ -24,7 +24,7 @@ import socket
 import sqlite3
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -36,6 +36,7 @@ __all__ = [
     "default_journal_dir",
     "journal_depth",
     "journal_folder",
+    "journaled_steps",
     "orphaned_journals",
 ]
 
@@ -247,3 +248,25 @@ def journal_depth(root: Path, *, only: str = "*", table: str = "events") -> int:
 
 
 _COUNT_EVENTS: Final = "SELECT count(*) FROM events"
+_STEPS_WAITING: Final = "SELECT DISTINCT json_extract(payload, '$.step_id') FROM events"
+
+
+def journaled_steps(folder: Path, step_ids: Collection[str]) -> set[str]:
+    """Which of ``step_ids`` have events waiting in a journal of ``folder`` (any process's).
+
+    Read-only and without the journals' locks: what a live process holds in
+    its journal is exactly what it has not written to SQL yet.
+    """
+    wanted = set(step_ids)
+    found: set[str] = set()
+    if not wanted or not folder.is_dir():
+        return found
+    for path in folder.glob(f"*{SUFFIX}"):
+        try:
+            with contextlib.closing(
+                sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1)
+            ) as db:
+                found.update(row[0] for row in db.execute(_STEPS_WAITING) if row[0] in wanted)
+        except sqlite3.Error:
+            continue  # being deleted right now: its events are in SQL
+    return found

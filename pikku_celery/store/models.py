@@ -18,6 +18,7 @@ __all__ = [
     "StepAttempt",
     "StepState",
     "StepStatus",
+    "UnsentClaim",
     "WorkflowRun",
     "WorkflowVersion",
 ]
@@ -235,6 +236,7 @@ class OpenAttempt:
     delivery_count: int
     running_at: dt.datetime | None
     error: Mapping[str, Any] | None
+    updated_at: dt.datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> OpenAttempt:
@@ -255,6 +257,35 @@ class OpenAttempt:
             delivery_count=row["delivery_count"],
             running_at=row["running_at"],
             error=row["error"],
+            updated_at=row.get("updated_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class UnsentClaim:
+    """A step a durable workflow's replay claimed whose message never went out."""
+
+    run_id: str
+    run_kind: str
+    step_id: str
+    step_name: str
+    rpc_name: str
+    data: Any
+    attempt: int
+    scheduled_at: dt.datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> UnsentClaim:
+        wire = row["wire"]
+        return cls(
+            run_id=row["workflow_run_id"],
+            run_kind=str(wire.get("type", "task")) if isinstance(wire, dict) else "task",
+            step_id=row["workflow_step_id"],
+            step_name=row["step_name"],
+            rpc_name=row["rpc_name"],
+            data=row["data"],
+            attempt=row["attempt"],
+            scheduled_at=row["scheduled_at"],
         )
 
 

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from pikku_celery.store import reap_queries as rq
 from pikku_celery.store.attempt_writes import AttemptWrites
 from pikku_celery.store.base import now
-from pikku_celery.store.models import OpenAttempt, StaleStep
+from pikku_celery.store.models import OpenAttempt, StaleStep, UnsentClaim
 
 __all__ = ["StoreReap"]
 
@@ -39,6 +39,52 @@ class StoreReap(AttemptWrites):
         with self._read(conn) as c:
             rows = c.execute(rq.stale_scheduled, {"before": before, "limit": limit}).mappings()
             return [StaleStep.from_row(row) for row in rows]
+
+    def unsent_claims(
+        self, *, older_than: float, limit: int = 1000, conn: sa.Connection | None = None
+    ) -> list[UnsentClaim]:
+        """Steps claimed by a replay ``older_than`` seconds ago whose message never went out."""
+        before = now() - dt.timedelta(seconds=older_than)
+        with self._read(conn) as c:
+            rows = c.execute(rq.unsent_claims, {"before": before, "limit": limit}).mappings()
+            return [UnsentClaim.from_row(row) for row in rows]
+
+    def retake_claim(
+        self, step_id: str, attempt: int, seen: dt.datetime, *, conn: sa.Connection | None = None
+    ) -> bool:
+        """True for the one caller that is to send this unsent claim's message now.
+
+        ``seen``: the claim's ``scheduled_at`` as the caller read it.
+        """
+        params = {"step_id": step_id, "attempt_no": attempt, "seen": seen, "now": now()}
+        with self._single(conn) as c:
+            return bool(c.execute(rq.retake_unsent, params).rowcount)
+
+    def retake_lost(
+        self, step_id: str, attempt: int, seen: dt.datetime, *, conn: sa.Connection | None = None
+    ) -> bool:
+        """True for the one caller that is to send this lost step (again) now.
+
+        ``seen``: the step's ``updated_at`` as the caller read it.
+        """
+        params = {"step_id": step_id, "attempt_no": attempt, "seen": seen, "now": now()}
+        with self._single(conn) as c:
+            return bool(c.execute(rq.retake_lost, params).rowcount)
+
+    def unsettled_runs(
+        self,
+        workflows: list[str],
+        *,
+        after: str = "",
+        limit: int = 500,
+        conn: sa.Connection | None = None,
+    ) -> list[str]:
+        """Ids of the running or suspended runs of ``workflows``, after ``after``, in id order."""
+        if not workflows:
+            return []
+        params = {"workflows": workflows, "after": after, "limit": limit}
+        with self._read(conn) as c:
+            return [str(run_id) for run_id in c.execute(rq.unsettled_runs, params).scalars()]
 
     def mark_lost(
         self,

@@ -15,7 +15,17 @@ from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
 
-__all__ = ["give_up_step", "lose_attempt", "lose_step", "open_attempts", "stale_scheduled"]
+__all__ = [
+    "give_up_step",
+    "lose_attempt",
+    "lose_step",
+    "open_attempts",
+    "retake_lost",
+    "retake_unsent",
+    "stale_scheduled",
+    "unsent_claims",
+    "unsettled_runs",
+]
 
 P = sa.bindparam
 
@@ -43,6 +53,7 @@ open_attempts: Final = (
         history.c.delivery_count,
         history.c.running_at,
         history.c.error,
+        steps.c.updated_at,
     )
     .select_from(steps.join(history, _current).join(runs))
     .where(
@@ -108,4 +119,69 @@ give_up_step: Final = (
         steps.c.status == "lost",
     )
     .values(status="failed", error=P("error"), result=None, updated_at=P("now"))
+)
+
+# A step a replay claimed whose message never went out: the dispatch mark (the
+# attempt's task id, set once the message is out) is missing long after the claim.
+# Only claims leave it empty; every other scheduled attempt is written with it.
+unsent_claims: Final = (
+    sa.select(
+        steps.c.workflow_run_id,
+        runs.c.wire,
+        steps.c.workflow_step_id,
+        steps.c.step_name,
+        steps.c.rpc_name,
+        steps.c.data,
+        history.c.attempt,
+        history.c.scheduled_at,
+    )
+    .select_from(steps.join(history, _current).join(runs))
+    .where(
+        steps.c.status == "scheduled",
+        history.c.status == "scheduled",
+        history.c.task_id.is_(None),
+        steps.c.rpc_name.is_not(None),
+        history.c.scheduled_at < P("before"),
+    )
+    .order_by(history.c.scheduled_at)
+    .limit(P("limit"))
+)
+
+# Whoever moves the claim's time on sends its message; a second reaper's guard fails.
+retake_unsent: Final = (
+    sa.update(history)
+    .where(
+        history.c.workflow_step_id == P("step_id"),
+        history.c.attempt == P("attempt_no"),
+        history.c.status == "scheduled",
+        history.c.task_id.is_(None),
+        history.c.scheduled_at <= P("seen"),
+    )
+    .values(scheduled_at=P("now"))
+)
+
+# A lost workflow step to send (again): whoever moves its time on from what it read
+# sends it; a second reaper that read the same row finds it moved.
+retake_lost: Final = (
+    sa.update(steps)
+    .where(
+        steps.c.workflow_step_id == P("step_id"),
+        sa.func.coalesce(steps.c.current_attempt, 1) == P("attempt_no"),
+        steps.c.status == "lost",
+        steps.c.updated_at <= P("seen"),
+    )
+    .values(updated_at=P("now"))
+)
+
+# Keyset pages by id: runs that settle while recovery pages through cannot make
+# it skip others, as an offset would.
+unsettled_runs: Final = (
+    sa.select(runs.c.workflow_run_id)
+    .where(
+        runs.c.workflow.in_(P("workflows", expanding=True)),
+        runs.c.status.in_(("running", "suspended")),
+        runs.c.workflow_run_id > P("after"),
+    )
+    .order_by(runs.c.workflow_run_id)
+    .limit(P("limit"))
 )

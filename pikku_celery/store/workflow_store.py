@@ -26,6 +26,7 @@ from pikku_celery.store.base import new_id as _new_id
 from pikku_celery.store.base import now as _now
 from pikku_celery.store.batch_writes import BatchWrites
 from pikku_celery.store.claim_writes import ClaimWrites
+from pikku_celery.store.leases import LeaseWrites
 from pikku_celery.store.models import (
     RUN_STATUSES,
     StepAttempt,
@@ -44,7 +45,9 @@ _NEW_ATTEMPT_STATUSES: Final = frozenset({"pending", "scheduled", "running"})
 _VERSION_STATUSES: Final = frozenset({"draft", "active", "declined"})
 
 
-class WorkflowStore(ClaimWrites, BatchWrites, StoreReap, StoreStats, StorePrune, StoreBase):
+class WorkflowStore(
+    ClaimWrites, BatchWrites, LeaseWrites, StoreReap, StoreStats, StorePrune, StoreBase
+):
     """Reads and writes workflow runs, steps and attempts in one SQL database.
 
     ``WorkflowStore("postgresql://...")``, ``WorkflowStore("sqlite:///pikku.db")``

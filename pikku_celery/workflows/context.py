@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from pikku_celery.errors import ConfigurationError, StepFailed, StepMismatch
 from pikku_celery.store import StepState, WorkflowStore
 from pikku_celery.store.codec import error_document
+from pikku_celery.workflows.faults import crash_point
 
 __all__ = ["SLEEP", "Dispatcher", "RunState", "Suspend", "WorkflowContext"]
 
@@ -230,6 +231,9 @@ class WorkflowContext:
                 retries=task.max_retries,
                 retry_delay=task.default_retry_delay,
             ):
+                # Claimed and not yet sent: a replay that dies here leaves the step
+                # for the reaper, which sends it once its dispatch is overdue.
+                crash_point("after_claim", key)
                 self._dispatcher.step(self.run_id, step_id, key, task, args, kwargs, 1)
             return _IN_FLIGHT
         self._check_task(key, step, task.name)

@@ -7,6 +7,7 @@ a run; a step's end (success, or failure for good) queues the next replay.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -68,11 +69,18 @@ class CeleryDispatcher:
             kwargs,
             task_id=step_id,
             retries=attempt - 1,
-            headers={h.RUN_ID: run_id, h.STEP_NAME: step_name, h.ORCHESTRATED: True},
+            headers={
+                h.RUN_ID: run_id,
+                h.STEP_NAME: step_name,
+                h.ORCHESTRATED: True,
+                h.DISPATCH: [step_id, attempt],
+            },
         )
 
     def wake(self, run_id: str, step_id: str, attempt: int, at: dt.datetime) -> None:
-        self.app.send_task(WAKE_TASK, (run_id, step_id, attempt), eta=at)
+        self.app.send_task(
+            WAKE_TASK, (run_id, step_id, attempt), eta=at, headers={h.DISPATCH: [step_id, attempt]}
+        )
 
     def orchestrate(self, run_id: str) -> None:
         self.app.send_task(ORCHESTRATE_TASK, (run_id,))
@@ -157,33 +165,32 @@ class WorkflowEngine:
         """Replay the run (after a write that is committed already: the reaper's)."""
         self.dispatcher.orchestrate(run_id)
 
-    def recover(self, page: int = 500) -> int:
+    def recover(self, go_on: Callable[[], bool] = lambda: True, page: int = 500) -> int:
         """Replay every unsettled run of the workflows defined here; returns how many.
 
-        Called when a worker starts: a run whose next message died with a
-        worker (a wake-up, a replay) goes on instead of waiting for ever.
-        Replays are idempotent, so a run replayed twice loses nothing.
+        Run when a worker starts (one pass for the cluster, see
+        ``integration.upkeep``): a run whose next message died with a worker
+        (a wake-up, a replay) goes on instead of waiting for ever. Replays are
+        idempotent, so a run replayed twice loses nothing. ``go_on`` is asked
+        after every page; recovery stops when it says False (its lease is lost).
         """
-        count = 0
-        for name in self.workflows:
-            offset = 0
-            while True:
-                runs = self.store.list_runs(
-                    workflow=name, status=["running", "suspended"], limit=page, offset=offset
-                )
-                for run in runs:
-                    self.dispatcher.orchestrate(run.run_id)
-                count += len(runs)
-                if len(runs) < page:
-                    break
-                offset += page
-        if count:
-            logger.info(
-                "pikku-celery replays %d unsettled workflow runs",
-                count,
-                extra={"action": "workflow_recovery", "runs": count},
-            )
-        return count
+        count, after = 0, ""
+        names = sorted(self.workflows)
+        while True:
+            run_ids = self.store.unsettled_runs(names, after=after, limit=page)
+            for run_id in run_ids:
+                self.dispatcher.orchestrate(run_id)
+            count += len(run_ids)
+            if len(run_ids) < page or not go_on():
+                return count
+            after = run_ids[-1]
+
+    @property
+    def recovery_lease(self) -> str:
+        """The lease of recovery for this set of workflows (apps that share a database
+        but not their workflows each recover their own)."""
+        digest = hashlib.sha256("\0".join(sorted(self.workflows)).encode()).hexdigest()[:16]
+        return f"recovery:{digest}"
 
     def finished_result(self, step_id: str) -> tuple[bool, Any]:
         """(True, result) when the step already succeeded: a duplicate dispatch of it."""

@@ -1,0 +1,151 @@
+"""A worker's own upkeep, in a thread of its main process: recovery at start, then the reaper.
+
+No beat is needed. Every worker runs a reaper pass every ``interval``
+seconds (``app.conf.pikku_reaper_interval``; 0 turns it off), and a lease in
+SQL makes that one pass per cluster at a time, about once per interval
+however many workers there are. At start a worker first writes the journals
+that dead processes on its machine left (so no attempt whose end is on disk
+is taken for lost), then runs a pass at once (a restarted worker's lost
+workflow steps go on within seconds), then recovers durable workflow runs,
+none of it holding up the worker itself.
+
+Recovery is shared the same way: a starting worker needs one recovery pass
+that began after it started. If one is running, it waits for that pass to
+end and then looks: a pass begun since (another waiter's) covers it, else it
+runs one itself. Three workers starting at once therefore replay each run
+once, twice at most when one started while an earlier pass was going.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+from pikku_celery.integration.mirror import CeleryMirror
+from pikku_celery.integration.reaper import Reaper, ReapReport
+
+__all__ = ["ENV_REAPER_INTERVAL", "REAPER_INTERVAL", "Recover", "Upkeep"]
+
+logger = logging.getLogger(__name__)
+
+ENV_REAPER_INTERVAL: Final = "PIKKU_REAPER_INTERVAL"
+REAPER_INTERVAL: Final = 10.0
+#: Longer than any pass takes; a holder that dies frees the lease after this.
+_PASS_LEASE: Final = 60.0
+_RECOVERY_LEASE: Final = 30.0
+_POLL: Final = 0.5
+
+#: Replays unsettled runs; calls its argument after every page, and stops when it says False.
+Recover = Callable[[Callable[[], bool]], int]
+
+
+class Upkeep:
+    def __init__(
+        self,
+        mirror: CeleryMirror,
+        reaper: Callable[[], Reaper],
+        *,
+        holder: str,
+        interval: float = REAPER_INTERVAL,
+        recover: Recover | None = None,
+        recovery_lease: str = "recovery",
+    ) -> None:
+        self.mirror = mirror
+        self._reaper = reaper
+        self.holder = f"{holder}:{os.getpid()}"
+        self.interval = interval
+        self._recover = recover
+        self.recovery_lease = recovery_lease
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="pikku-upkeep", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        started = self._generation()
+        self._guarded("adopt the journals of processes that are gone", self.mirror.adopt_orphans)
+        if self.interval > 0:
+            self._guarded("run the reaper", self.reap_once)
+        if self._recover is not None:
+            self._guarded("recover workflow runs", lambda: self.recover_once(started))
+        while self.interval > 0 and not self._stop.wait(self.interval):
+            self._guarded("run the reaper", self.reap_once)
+
+    def _guarded(self, what: str, job: Callable[[], object]) -> None:
+        try:
+            job()
+        except Exception:
+            logger.exception(
+                "pikku-celery could not %s; it tries again at the next interval",
+                what,
+                extra={"action": "upkeep_failed"},
+            )
+
+    def _generation(self) -> int | None:
+        try:
+            return self.mirror.store.lease_generation(self.recovery_lease)
+        except Exception:
+            return None  # the database is away: recovery looks again once it is back
+
+    # --- the reaper ------------------------------------------------------------------
+
+    def reap_once(self) -> ReapReport | None:
+        """One pass if this worker gets the cluster's turn; None when another has it."""
+        store = self.mirror.store
+        taken = store.take_lease("reaper", self.holder, _PASS_LEASE)
+        if taken is None:
+            return None
+        begun = time.monotonic()
+        try:
+            return self._reaper().reap()
+        finally:
+            # Held for the rest of the interval: one pass per interval, cluster-wide.
+            rest = max(0.0, self.interval * 0.9 - (time.monotonic() - begun))
+            store.release_lease("reaper", self.holder, taken, hold=rest)
+
+    # --- recovery --------------------------------------------------------------------
+
+    def recover_once(self, started: int | None = None) -> bool:
+        """Make sure a recovery pass begins after this worker started; True if this ran it.
+
+        ``started``: the lease's generation when the worker started (read now if None).
+        """
+        assert self._recover is not None
+        store = self.mirror.store
+        seen = store.lease_generation(self.recovery_lease) if started is None else started
+        while not self._stop.is_set():
+            taken = store.take_lease(self.recovery_lease, self.holder, _RECOVERY_LEASE)
+            if taken is not None:
+                try:
+                    count = self._recover(functools.partial(self._renew_recovery, taken))
+                finally:
+                    store.release_lease(self.recovery_lease, self.holder, taken)
+                logger.info(
+                    "pikku-celery recovery replayed %d unsettled workflow runs",
+                    count,
+                    extra={"action": "workflow_recovery", "runs": count},
+                )
+                return True
+            if store.lease_generation(self.recovery_lease) > seen:
+                return False  # a pass that began after this worker started covers it
+            self._stop.wait(_POLL)
+        return False
+
+    def _renew_recovery(self, generation: int) -> bool:
+        return self.mirror.store.renew_lease(
+            self.recovery_lease, self.holder, generation, _RECOVERY_LEASE
+        )

@@ -1,0 +1,31 @@
+"""Leases: one holder at a time for work a whole cluster shares (recovery, the reaper).
+
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0005"
+down_revision = "0004"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "pikku_celery_leases",
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("holder", sa.Text, nullable=False),
+        sa.Column("generation", sa.Integer, nullable=False),
+        sa.Column("expires_at", sa.Float, nullable=False),
+        sa.PrimaryKeyConstraint("name", name="pk_pikku_celery_leases"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("pikku_celery_leases")

@@ -1,0 +1,58 @@
+"""Statements for leases: take one that is free, renew or release one that is held."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from pikku_celery.schema import leases
+
+__all__ = ["clock", "generation", "renew", "take"]
+
+P = sa.bindparam
+
+
+def clock(dialect: str) -> sa.ColumnElement[Any]:
+    """Now, in seconds since the epoch: the server's clock on PostgreSQL (one clock for
+    every machine of the cluster), the caller's on SQLite (which is on one machine)."""
+    if dialect == "postgresql":
+        return sa.extract("epoch", sa.func.clock_timestamp())
+    return P("now", type_=sa.Float())
+
+
+@cache
+def take(dialect: str) -> Any:
+    """Insert the lease, or take it over when it has expired; RETURNING its new generation."""
+    insert: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(leases)
+    now = clock(dialect)
+    statement = insert.values(
+        name=P("lease"), holder=P("by"), generation=1, expires_at=now + P("ttl")
+    )
+    return statement.on_conflict_do_update(
+        index_elements=["name"],
+        set_={
+            "holder": statement.excluded.holder,
+            "generation": leases.c.generation + 1,
+            "expires_at": statement.excluded.expires_at,
+        },
+        where=leases.c.expires_at <= now,
+    ).returning(leases.c.generation)
+
+
+@cache
+def renew(dialect: str) -> sa.Update:
+    return (
+        sa.update(leases)
+        .where(
+            leases.c.name == P("lease"),
+            leases.c.holder == P("by"),
+            leases.c.generation == P("taken"),
+        )
+        .values(expires_at=clock(dialect) + P("ttl"))
+    )
+
+
+generation: Final = sa.select(leases.c.generation).where(leases.c.name == P("lease"))

@@ -1,0 +1,72 @@
+"""Leases in SQL: work that one process of a whole cluster does at a time.
+
+A lease is a row with a holder and an expiry. Taking it is one guarded
+upsert (free or expired: yours, with the next generation), so any number
+of processes on any number of machines agree on one holder; a holder that
+dies simply lets it expire. ``generation`` tells a waiter whether a pass
+began after it looked: recovery at a worker's start uses that to join a
+pass instead of repeating it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import sqlalchemy as sa
+
+from pikku_celery.errors import ConfigurationError
+from pikku_celery.store import lease_queries as lq
+from pikku_celery.store.base import StoreBase
+
+__all__ = ["LeaseWrites"]
+
+
+class LeaseWrites(StoreBase):
+    def take_lease(
+        self, name: str, holder: str, ttl: float, *, conn: sa.Connection | None = None
+    ) -> int | None:
+        """The lease's new generation if ``holder`` has it now for ``ttl`` seconds, else None."""
+        if ttl <= 0:
+            raise ConfigurationError(f"A lease lasts more than 0 seconds, not {ttl}.")
+        params = {"lease": name, "by": holder, "ttl": float(ttl), "now": time.time()}
+        with self._tx(conn) as c:
+            got = c.execute(lq.take(self.dialect), params).scalar()
+        return None if got is None else int(got)
+
+    def renew_lease(
+        self,
+        name: str,
+        holder: str,
+        generation: int,
+        ttl: float,
+        *,
+        conn: sa.Connection | None = None,
+    ) -> bool:
+        """Extend the lease ``ttl`` seconds from now; False if ``holder`` lost it meanwhile."""
+        params = {
+            "lease": name,
+            "by": holder,
+            "taken": generation,
+            "ttl": float(ttl),
+            "now": time.time(),
+        }
+        with self._tx(conn) as c:
+            return bool(c.execute(lq.renew(self.dialect), params).rowcount)
+
+    def release_lease(
+        self,
+        name: str,
+        holder: str,
+        generation: int,
+        *,
+        hold: float = 0.0,
+        conn: sa.Connection | None = None,
+    ) -> bool:
+        """Give the lease up, at once or after ``hold`` more seconds."""
+        return self.renew_lease(name, holder, generation, hold, conn=conn)
+
+    def lease_generation(self, name: str, *, conn: sa.Connection | None = None) -> int:
+        """How many times the lease was ever taken (0: never)."""
+        with self._read(conn) as c:
+            got = c.execute(lq.generation, {"lease": name}).scalar()
+        return 0 if got is None else int(got)
