@@ -239,8 +239,8 @@ class PikkuCelery:
             raise ConfigurationError("pikku_reaper_interval is 0 (off) or more seconds.")
         return interval
 
-    def start_upkeep(self, hostname: str) -> Upkeep:
-        """In a worker's main process once it is ready: recovery, then the reaper at intervals.
+    def prepare_upkeep(self, hostname: str) -> Upkeep:
+        """When a worker's main process starts: its upkeep, which notes when that was.
 
         ``app.conf.pikku_reaper_options`` (a dict of :class:`Reaper` arguments)
         tunes the workers' passes; they look at attempts idle for 1 s.
@@ -255,8 +255,14 @@ class PikkuCelery:
                 recover=self.workflows.recover if self.workflows.workflows else None,
                 recovery_lease=self.workflows.recovery_lease,
             )
-            self._upkeep.start()
+            self._upkeep.note_start()
         return self._upkeep
+
+    def start_upkeep(self, hostname: str) -> Upkeep:
+        """Once the worker is ready: recovery, then the reaper at intervals, in a thread."""
+        upkeep = self.prepare_upkeep(hostname)
+        upkeep.start()
+        return upkeep
 
     def stop_upkeep(self) -> None:
         if self._upkeep is not None:

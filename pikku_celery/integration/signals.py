@@ -347,14 +347,20 @@ def worker_process_shutdown(**_: Any) -> None:
         pikku.mirror.close()
 
 
+def _hostname(sender: Any) -> str:
+    return str(getattr(sender, "hostname", None) or os.uname().nodename)
+
+
 @_isolated
-def worker_init(**_: Any) -> None:
+def worker_init(sender: Any = None, **_: Any) -> None:
     control.worker_started()
+    for pikku in registry.values():
+        pikku.prepare_upkeep(_hostname(sender))
 
 
 @_isolated
 def worker_ready(sender: Any = None, **_: Any) -> None:
-    hostname = str(getattr(sender, "hostname", None) or os.uname().nodename)
+    hostname = _hostname(sender)
     for pikku in registry.values():
         # The main process's flusher writes its own events (a rejected message, a
         # hard time limit) and adopts the journals of children and processes that

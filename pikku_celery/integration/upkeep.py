@@ -35,8 +35,6 @@ logger = logging.getLogger(__name__)
 
 ENV_REAPER_INTERVAL: Final = "PIKKU_REAPER_INTERVAL"
 REAPER_INTERVAL: Final = 10.0
-#: Longer than any pass takes; a holder that dies frees the lease after this.
-_PASS_LEASE: Final = 60.0
 _RECOVERY_LEASE: Final = 30.0
 _POLL: Final = 0.5
 
@@ -63,6 +61,11 @@ class Upkeep:
         self.recovery_lease = recovery_lease
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._started: int | None = None
+
+    def note_start(self) -> None:
+        """When the worker process starts: any recovery pass begun after now covers it."""
+        self._started = self._generation()
 
     def start(self) -> None:
         if self._thread is not None:
@@ -76,12 +79,12 @@ class Upkeep:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        started = self._generation()
         self._guarded("adopt the journals of processes that are gone", self.mirror.adopt_orphans)
         if self.interval > 0:
-            self._guarded("run the reaper", self.reap_once)
+            # A new worker looks at once, even while the last pass rests.
+            self._guarded("run the reaper", lambda: self.reap_once(at_start=True))
         if self._recover is not None:
-            self._guarded("recover workflow runs", lambda: self.recover_once(started))
+            self._guarded("recover workflow runs", lambda: self.recover_once(self._started))
         while self.interval > 0 and not self._stop.wait(self.interval):
             self._guarded("run the reaper", self.reap_once)
 
@@ -103,17 +106,20 @@ class Upkeep:
 
     # --- the reaper ------------------------------------------------------------------
 
-    def reap_once(self) -> ReapReport | None:
+    def reap_once(self, *, at_start: bool = False) -> ReapReport | None:
         """One pass if this worker gets the cluster's turn; None when another has it."""
         store = self.mirror.store
-        taken = store.take_lease("reaper", self.holder, _PASS_LEASE)
+        reaper = self._reaper()
+        # A holder that dies mid-pass blocks the others for about one interval at most.
+        ttl = max(self.interval * 0.9, reaper.reply_timeout + 1.0)
+        taken = store.take_lease("reaper", self.holder, ttl, over_resting=at_start)
         if taken is None:
             return None
         begun = time.monotonic()
         try:
-            return self._reaper().reap()
+            return reaper.reap()
         finally:
-            # Held for the rest of the interval: one pass per interval, cluster-wide.
+            # Rests for the rest of the interval: one pass per interval, cluster-wide.
             rest = max(0.0, self.interval * 0.9 - (time.monotonic() - begun))
             store.release_lease("reaper", self.holder, taken, hold=rest)
 

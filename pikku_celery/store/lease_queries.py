@@ -10,7 +10,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from pikku_celery.schema import leases
 
-__all__ = ["clock", "generation", "renew", "take"]
+__all__ = ["clock", "generation", "release", "renew", "take"]
 
 P = sa.bindparam
 
@@ -25,7 +25,11 @@ def clock(dialect: str) -> sa.ColumnElement[Any]:
 
 @cache
 def take(dialect: str) -> Any:
-    """Insert the lease, or take it over when it has expired; RETURNING its new generation."""
+    """Insert the lease, or take it over when it has expired; RETURNING its new generation.
+
+    With ``over_resting`` true, a lease whose holder released it but held it
+    back a while (a reaper's rest between passes) can be taken as well.
+    """
     insert: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(leases)
     now = clock(dialect)
     statement = insert.values(
@@ -38,7 +42,10 @@ def take(dialect: str) -> Any:
             "generation": leases.c.generation + 1,
             "expires_at": statement.excluded.expires_at,
         },
-        where=leases.c.expires_at <= now,
+        where=sa.or_(
+            leases.c.expires_at <= now,
+            sa.and_(P("over_resting", type_=sa.Boolean()), leases.c.holder == ""),
+        ),
     ).returning(leases.c.generation)
 
 
@@ -53,6 +60,12 @@ def renew(dialect: str) -> sa.Update:
         )
         .values(expires_at=clock(dialect) + P("ttl"))
     )
+
+
+@cache
+def release(dialect: str) -> sa.Update:
+    """No holder from now on; nobody takes it for ``ttl`` more seconds (unless over a rest)."""
+    return renew(dialect).values(holder="")
 
 
 generation: Final = sa.select(leases.c.generation).where(leases.c.name == P("lease"))

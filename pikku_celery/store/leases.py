@@ -23,12 +23,29 @@ __all__ = ["LeaseWrites"]
 
 class LeaseWrites(StoreBase):
     def take_lease(
-        self, name: str, holder: str, ttl: float, *, conn: sa.Connection | None = None
+        self,
+        name: str,
+        holder: str,
+        ttl: float,
+        *,
+        over_resting: bool = False,
+        conn: sa.Connection | None = None,
     ) -> int | None:
-        """The lease's new generation if ``holder`` has it now for ``ttl`` seconds, else None."""
+        """The lease's new generation if ``holder`` has it now for ``ttl`` seconds, else None.
+
+        ``over_resting``: take it too when its last holder released it with a ``hold``.
+        """
         if ttl <= 0:
             raise ConfigurationError(f"A lease lasts more than 0 seconds, not {ttl}.")
-        params = {"lease": name, "by": holder, "ttl": float(ttl), "now": time.time()}
+        if not holder:
+            raise ConfigurationError("A lease's holder needs a name.")
+        params = {
+            "lease": name,
+            "by": holder,
+            "ttl": float(ttl),
+            "now": time.time(),
+            "over_resting": over_resting,
+        }
         with self._tx(conn) as c:
             got = c.execute(lq.take(self.dialect), params).scalar()
         return None if got is None else int(got)
@@ -62,8 +79,16 @@ class LeaseWrites(StoreBase):
         hold: float = 0.0,
         conn: sa.Connection | None = None,
     ) -> bool:
-        """Give the lease up, at once or after ``hold`` more seconds."""
-        return self.renew_lease(name, holder, generation, hold, conn=conn)
+        """Give the lease up, at once or after ``hold`` more seconds; False if not held."""
+        params = {
+            "lease": name,
+            "by": holder,
+            "taken": generation,
+            "ttl": float(hold),
+            "now": time.time(),
+        }
+        with self._tx(conn) as c:
+            return bool(c.execute(lq.release(self.dialect), params).rowcount)
 
     def lease_generation(self, name: str, *, conn: sa.Connection | None = None) -> int:
         """How many times the lease was ever taken (0: never)."""

@@ -122,6 +122,15 @@ class Worker:
                 assert found == expected
             time.sleep(0.1)
 
+    def wait_ready(self, timeout: float = 60) -> float:
+        """Until the worker says it is ready; returns the monotonic time it was seen."""
+        deadline = time.monotonic() + timeout
+        while "ready." not in self.log.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the worker did not start:\n{self.log.read_text()[-4000:]}")
+            time.sleep(0.1)
+        return time.monotonic()
+
     def kill_all(self) -> None:
         """SIGKILL the worker and its pool children at once: a lost machine."""
         os.killpg(self.proc.pid, signal.SIGKILL)
@@ -144,9 +153,13 @@ def start_worker(
     extra_env: dict[str, str] | None = None,
     broker_url: str | None = None,
     extra_args: tuple[str, ...] = (),
+    nodename: str | None = None,
+    wait_ready: bool = True,
 ) -> Iterator[Worker]:
     """``broker_url``: a broker of the test's own (e.g. one it restarts) instead of ``broker``'s;
-    ``extra_args``: more ``celery worker`` options (``-E`` for task events, say)."""
+    ``extra_args``: more ``celery worker`` options (``-E`` for task events, say);
+    ``nodename``: the worker's name (a restarted worker keeps its name); ``wait_ready``:
+    False to yield as soon as the process runs (to start several at once)."""
     url = broker_url or BROKERS[broker][0]
     host, port = address(url)
     if not port_open(port, host):
@@ -164,7 +177,7 @@ def start_worker(
         "PYTHONPATH": str(ROOT),
         **(extra_env or {}),
     }
-    name = f"shop-{broker}-{uuid.uuid4().hex[:6]}@%h"
+    name = nodename or f"shop-{broker}-{uuid.uuid4().hex[:6]}@%h"
     log_file = log.open("wb")
     proc = subprocess.Popen(
         [
@@ -193,7 +206,7 @@ def start_worker(
         start_new_session=True,  # its own process group, so a test can kill it whole
     )
     deadline = time.monotonic() + 60
-    while "ready." not in log.read_text():
+    while wait_ready and "ready." not in log.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             proc.wait()

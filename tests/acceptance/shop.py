@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from celery import Celery
+from celery import Celery, signals
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 
 from pikku_celery import PikkuCelery, WorkflowTask
@@ -42,6 +42,11 @@ app.conf.update(
 app.conf.task_default_queue = os.environ.get("SHOP_QUEUE", "celery")
 # SHOP_FLUSH_INTERVAL: a test that must catch events in the journal before they are flushed.
 app.conf.pikku_flush_interval = float(os.environ.get("SHOP_FLUSH_INTERVAL", "0.04"))
+# The workers' own reaper: every 10 s unless a test wants it faster (or off, with 0).
+if os.environ.get("SHOP_REAPER_INTERVAL"):
+    app.conf.pikku_reaper_interval = float(os.environ["SHOP_REAPER_INTERVAL"])
+if os.environ.get("SHOP_CLAIM_GRACE"):
+    app.conf.pikku_reaper_options = {"claim_grace": float(os.environ["SHOP_CLAIM_GRACE"])}
 pikku = PikkuCelery(app, database_url=os.environ.get("SHOP_DATABASE_URL"))
 
 
@@ -362,3 +367,34 @@ def _seen_before(label: str) -> bool:
             {"label": label, "pid": os.getpid()},
         )
     return bool(seen)
+
+
+# --- recovery ----------------------------------------------------------------------
+
+
+@signals.task_prerun.connect(weak=False, dispatch_uid="shop.count_replays")
+def _count_replays(task: Any = None, args: Any = None, **_: Any) -> None:
+    """One journal line per replay a worker runs, so tests can count them per run."""
+    if task is not None and task.name == "pikku_celery.orchestrate" and args:
+        journal(f"orchestrate {args[0]}")
+
+
+@pikku.step(name="shop.slow_effect", acks_late=True)
+def slow_effect(label: str, seconds: float) -> int:
+    journal(f"slow_effect start {os.getpid()} {label}")
+    time.sleep(seconds)
+    return count(label)
+
+
+@pikku.workflow("recoverable")
+def recoverable(ctx: Any, tag: str, seconds: float) -> list[int]:
+    return [
+        ctx.do("first", count, f"{tag}-first"),
+        ctx.do("slow", slow_effect, f"{tag}-slow", seconds),
+        ctx.do("last", count, f"{tag}-last"),
+    ]
+
+
+@pikku.workflow("parked-at-once")
+def parked_at_once(ctx: Any) -> None:
+    ctx.do("park", parked)

@@ -54,3 +54,15 @@ def test_of_many_takers_at_once_exactly_one_gets_the_lease(store: WorkflowStore)
     for taker in takers:
         taker.join()
     assert sorted(got, key=lambda g: g or 0) == [None] * 5 + [1]
+
+
+def test_a_resting_lease_can_be_taken_over_the_rest_but_never_a_held_one(
+    store: WorkflowStore,
+) -> None:
+    held = store.take_lease("reaper", "worker-a", ttl=30)
+    assert held is not None
+    assert store.take_lease("reaper", "worker-b", ttl=30, over_resting=True) is None
+    store.release_lease("reaper", "worker-a", held, hold=30)
+    assert store.take_lease("reaper", "worker-c", ttl=30) is None
+    assert store.take_lease("reaper", "worker-b", ttl=30, over_resting=True) == held + 1
+    assert not store.release_lease("reaper", "worker-a", held)  # no longer its own

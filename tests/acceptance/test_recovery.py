@@ -1,0 +1,244 @@
+"""Durable workflows recover from a crash within seconds, on real workers, brokers and SQL.
+
+Each test starts its own workers; every step's side effect is counted in the
+database (``shop_effects``), outside the mirror, and each run must finish with
+every step that succeeded having run exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections import Counter
+from types import ModuleType
+
+import pytest
+
+from pikku_celery.integration.reaper import LOST_ERROR_TYPE
+from tests.acceptance.conftest import Worker, effects, start_worker, wait_until, worker_running
+
+
+def _slow_running(worker: Worker, run_id: str) -> None:
+    wait_until(
+        lambda: (
+            any(line.startswith("slow_effect start") for line in worker.journal_lines())
+            and worker.store.get_step_state(run_id, "slow").status == "running"
+        ),
+        timeout=45,
+        what="the slow step running",
+    )
+
+
+def _starts(worker: Worker, tag: str) -> int:
+    return sum(
+        line.startswith("slow_effect start") and line.endswith(f"{tag}-slow")
+        for line in worker.journal_lines()
+    )
+
+
+def _each_step_once(worker: Worker, tag: str) -> None:
+    assert [effects(worker, f"{tag}-{step}") for step in ("first", "slow", "last")] == [1, 1, 1]
+
+
+def _nothing_left_open(worker: Worker, run_id: str) -> None:
+    states = {s.step_name: s.status for s in worker.store.list_step_states(run_id)}
+    assert states == {"first": "succeeded", "slow": "succeeded", "last": "succeeded"}
+
+
+@pytest.mark.parametrize("same_name", [True, False], ids=["same-nodename", "new-nodename"])
+def test_a_workflow_step_of_a_killed_worker_goes_on_within_seconds_on_redis(
+    shop: ModuleType, tmp_path_factory: pytest.TempPathFactory, same_name: bool
+) -> None:
+    tmp = tmp_path_factory.mktemp("killed-redis")
+    tag = f"redis-{uuid.uuid4().hex[:8]}"
+    name = f"restarting-{uuid.uuid4().hex[:6]}@%h"
+    # The same name comes back with a short visibility timeout, so the broker's own
+    # late redelivery of the killed message arrives in the test, after the re-dispatch.
+    env = {"SHOP_VISIBILITY_TIMEOUT": "15"} if same_name else {}
+    with worker_running(shop, "redis", tmp, nodename=name, extra_env=env) as first:
+        run_id = shop.recoverable.start(tag, 4)
+        _slow_running(first, run_id)
+        first.kill_all()
+    with worker_running(
+        shop, "redis", tmp, nodename=name if same_name else None, extra_env=env
+    ) as second:
+        ready = time.monotonic()
+        run = second.wait_for_run(run_id, timeout=30)
+        recovered = time.monotonic() - ready
+        assert (run.status, run.output) == (
+            "completed",
+            [len(f"{tag}-{s}") for s in ("first", "slow", "last")],
+        )
+        assert recovered < 30
+        _each_step_once(second, tag)
+        _nothing_left_open(second, run_id)
+        [slow] = [a for a in second.store.get_run_history(run_id) if a.step_name == "slow"]
+        assert (slow.attempt, slow.status, slow.error) == (1, "succeeded", None)
+        assert _starts(second, tag) == 2  # the killed execution and the re-dispatch
+        if same_name:
+            # An hour later in production, 15 s here: Redis hands the killed message
+            # out again. The step succeeded, so it answers with its stored result.
+            wait_until(
+                lambda: (
+                    [
+                        a.delivery_count
+                        for a in second.store.get_run_history(run_id)
+                        if a.step_name == "slow"
+                    ]
+                    == [3]
+                ),
+                timeout=40,
+                what="the broker's late redelivery",
+            )
+            time.sleep(0.5)
+            assert _starts(second, tag) == 2
+            _each_step_once(second, tag)
+            assert second.store.get_run(run_id).status == "completed"
+    how = "same" if same_name else "new"
+    print(f"\nrecovery after SIGKILL on Redis ({how} name): {recovered:.1f}s")
+
+
+def test_a_workflow_step_of_a_killed_worker_goes_on_at_once_on_rabbitmq(
+    shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    tmp = tmp_path_factory.mktemp("killed-rabbitmq")
+    tag = f"amqp-{uuid.uuid4().hex[:8]}"
+    with worker_running(shop, "rabbitmq", tmp) as first:
+        run_id = shop.recoverable.start(tag, 4)
+        _slow_running(first, run_id)
+        first.kill_all()
+    with worker_running(shop, "rabbitmq", tmp) as second:
+        ready = time.monotonic()
+        run = second.wait_for_run(run_id, timeout=30)
+        recovered = time.monotonic() - ready
+        assert run.status == "completed"
+        _each_step_once(second, tag)
+        _nothing_left_open(second, run_id)
+        # RabbitMQ gave the message back when the connection dropped: its redelivery
+        # runs the step, and the reaper does not dispatch it a second time.
+        time.sleep(3)
+        assert _starts(second, tag) == 2
+        [slow] = [a for a in second.store.get_run_history(run_id) if a.step_name == "slow"]
+        assert (slow.status, slow.delivery_count) == ("succeeded", 2)
+    print(f"\nrecovery after SIGKILL on RabbitMQ: {recovered:.1f}s")
+
+
+def test_a_replay_killed_between_claiming_a_step_and_sending_it_is_finished(
+    shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    tmp = tmp_path_factory.mktemp("claim-window")
+    tag = f"claim-{uuid.uuid4().hex[:8]}"
+    env = {
+        "PIKKU_TEST_CRASH_AT": "after_claim:slow",
+        "SHOP_REAPER_INTERVAL": "2",
+        "SHOP_CLAIM_GRACE": "3",
+    }
+    with worker_running(shop, "redis", tmp, extra_env=env) as worker:
+        run_id = shop.recoverable.start(tag, 0.2)
+        run = worker.wait_for_run(run_id, timeout=45)
+        assert run.status == "completed"
+        log = worker.log.read_text()
+        # The replay's pool process died at the crash point (Celery saw it SIGKILLed)...
+        assert "signal 9 (SIGKILL)" in log, log[-3000:]
+        # ...after the claim: the reaper sent the step that nobody had sent.
+        assert "died before it sent the step" in log, log[-3000:]
+        _each_step_once(worker, tag)
+        _nothing_left_open(worker, run_id)
+        assert _starts(worker, tag) == 1
+
+
+def test_three_workers_starting_together_replay_each_unsettled_run_at_most_twice(
+    shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    tmp = tmp_path_factory.mktemp("fleet")
+    store = shop.pikku.store
+    workflow = shop.parked_at_once
+    store.upsert_workflow_version(workflow.name, workflow.version, workflow.graph, "python")
+    run_ids = [
+        store.create_run(
+            workflow.name,
+            {"args": [], "kwargs": {}},
+            graph_hash=workflow.version,
+            wire={"type": "workflow"},
+        )
+        for _ in range(1000)
+    ]
+    with contextlib.ExitStack() as stack:
+        workers = [
+            stack.enter_context(
+                contextlib.contextmanager(start_worker)(shop, "redis", tmp, wait_ready=False)
+            )
+            for _ in range(3)
+        ]
+        for worker in workers:
+            worker.wait_ready()
+
+        def claimed() -> int:
+            return sum(1 for run_id in run_ids[::50] if store.list_step_states(run_id))
+
+        wait_until(lambda: claimed() == len(run_ids[::50]), timeout=90, what="every run replayed")
+        replays = _replays_settled(workers[0], set(run_ids))
+    per_run = Counter(replays[run_id] for run_id in run_ids)
+    assert min(replays[run_id] for run_id in run_ids) >= 1
+    assert max(replays[run_id] for run_id in run_ids) <= 2, per_run
+    for run_id in run_ids[::100]:
+        [park] = store.list_step_states(run_id)
+        assert (park.step_name, park.status) == ("park", "scheduled")
+    print(f"\nreplays per run at a fleet start of 3 workers, 1,000 runs: {dict(per_run)}")
+
+
+def _replays_settled(worker: Worker, run_ids: set[str], quiet: float = 3.0) -> Counter[str]:
+    """Replays per run, counted once no new replay has run for ``quiet`` seconds."""
+    last, since = -1, time.monotonic()
+    while True:
+        lines = [line for line in worker.journal_lines() if line.startswith("orchestrate ")]
+        if len(lines) != last:
+            last, since = len(lines), time.monotonic()
+        elif time.monotonic() - since > quiet:
+            return Counter(line.split()[1] for line in lines if line.split()[1] in run_ids)
+        time.sleep(0.2)
+
+
+def test_without_beat_the_workers_find_a_lost_attempt_within_two_intervals(
+    shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    tmp = tmp_path_factory.mktemp("no-beat")
+    interval = 3.0
+    env = {"SHOP_REAPER_INTERVAL": str(interval)}
+    with worker_running(shop, "redis", tmp, extra_env=env) as first:
+        result = shop.lose_for_good.delay(30)  # acked on receipt: nothing redelivers it
+        wait_until(
+            lambda: first.store.get_step_state(result.id, "lose_for_good").status == "running",
+            what="the task running",
+        )
+        first.kill_all()
+    with worker_running(shop, "redis", tmp, extra_env=env) as second:
+        ready = time.monotonic()
+        wait_until(
+            lambda: second.store.get_run(result.id).status == "failed",
+            timeout=2 * interval,
+            what="the lost attempt handled",
+        )
+        found = time.monotonic() - ready
+        run = second.store.get_run(result.id)
+        assert run.error is not None and run.error["type"] == LOST_ERROR_TYPE
+        assert second.store.get_step_state(result.id, "lose_for_good").status == "failed"
+    print(f"\nlost attempt handled without beat {found:.1f}s after the worker was ready")
+
+
+def test_the_workers_reaper_can_be_turned_off(
+    shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    tmp = tmp_path_factory.mktemp("reaper-off")
+    with worker_running(shop, "redis", tmp) as first:
+        result = shop.lose_for_good.delay(30)
+        wait_until(
+            lambda: first.store.get_step_state(result.id, "lose_for_good").status == "running",
+            what="the task running",
+        )
+        first.kill_all()
+    with worker_running(shop, "redis", tmp, extra_env={"SHOP_REAPER_INTERVAL": "0"}):
+        time.sleep(4)
+        assert shop.pikku.store.get_step_state(result.id, "lose_for_good").status == "running"
+    assert shop.pikku.reap(idle_for=0, reply_timeout=1).failed  # beat or cron still can
