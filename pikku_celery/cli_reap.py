@@ -17,12 +17,13 @@ __all__ = ["add_reap_command", "cmd_reap", "format_reap"]
 def cmd_reap(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {
         "idle_for": args.idle_for.total_seconds(),
-        "redelivery_grace": args.redelivery_grace.total_seconds(),
         "stale_after": args.stale_after.total_seconds(),
         "reply_timeout": args.reply_timeout,
     }
     if args.deadline is not None:
         options["deadline"] = args.deadline.total_seconds()
+    if args.redelivery_grace is not None:
+        options["redelivery_grace"] = args.redelivery_grace.total_seconds()
     with user_app(args.app, "reap") as pikku:
         report = pikku.reap(**options)
     if args.json:
@@ -39,7 +40,7 @@ def format_reap(report: ReapReport) -> str:
     ]
     for title, attempts in (
         ("Lost now", report.lost),
-        ("Waiting for Celery to redeliver", report.awaiting_redelivery),
+        ("Workflow steps dispatched again (their worker is gone)", report.redispatched),
         ("Published again as a new attempt", report.retried),
         ("Failed (no retries left, or nothing can publish it again)", report.failed),
     ):
@@ -50,6 +51,22 @@ def format_reap(report: ReapReport) -> str:
                 f"worker {a.worker or '-'}"
                 for a in attempts
             )
+    if report.awaiting_redelivery:
+        lines.append("Waiting for Celery to redeliver:")
+        for a in report.awaiting_redelivery:
+            due = report.redelivery_due.get(a.step_id)
+            when = (
+                f"  due {due:%Y-%m-%d %H:%M:%S} UTC (the broker's visibility_timeout)"
+                if due
+                else ""
+            )
+            lines.append(
+                f"  run {a.run_id}  step {a.step_name}  attempt {a.attempt}  "
+                f"worker {a.worker or '-'}{when}"
+            )
+    if report.unsent_sent:
+        lines.append("Claimed by a replay that died before sending them; sent now:")
+        lines.extend(f"  run {c.run_id}  step {c.step_name}" for c in report.unsent_sent)
     if report.stale:
         lines.append(
             f"Scheduled but never picked up ({len(report.stale)}); check that a worker "
@@ -72,8 +89,10 @@ def add_reap_command(commands: Any, *, json_default: bool) -> None:
         "reap",
         help="mark attempts of dead workers lost; report steps nobody picked up (--app)",
         description="Ask the workers which tasks they hold; an attempt that is running on "
-        "no answering worker is lost: redelivered by Celery if acks_late, else retried as a "
-        "new attempt or failed. Safe to run on several machines at once.",
+        "no answering worker is lost: a durable workflow's step is dispatched again at once, "
+        "anything else is redelivered by Celery if acks_late, else retried as a new attempt "
+        "or failed. Workers run this themselves every pikku_reaper_interval seconds; this "
+        "command is for a pass now. Safe to run on several machines at once.",
     )
     env = os.environ.get
 
@@ -87,7 +106,14 @@ def add_reap_command(commands: Any, *, json_default: bool) -> None:
         )
 
     age("idle-for", "30s", "look only at attempts running at least this long")
-    age("redelivery-grace", "65m", "how long to wait for Celery to redeliver a lost attempt")
+    reap.add_argument(
+        "--redelivery-grace",
+        metavar="AGE",
+        type=parse_age,
+        default=env("PIKKU_REAP_REDELIVERY_GRACE") or None,
+        help="how long to wait for Celery to redeliver a lost attempt (default: the broker's "
+        "visibility_timeout and 5 minutes) [env: PIKKU_REAP_REDELIVERY_GRACE]",
+    )
     age("stale-after", "10m", "report scheduled steps older than this")
     reap.add_argument(
         "--deadline",

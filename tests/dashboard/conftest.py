@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import re
 import uuid
 from collections.abc import Iterator
@@ -76,13 +78,15 @@ LOST_ERROR = {
 }
 
 
-def lost_run(store: WorkflowStore) -> tuple[str, str]:
+def lost_run(
+    store: WorkflowStore, error: dict[str, Any] | None = None, wire: dict[str, Any] | None = None
+) -> tuple[str, str]:
     """A running run whose step "ship" ran on a worker that died: its attempt 1 is lost."""
-    run_id = store.create_run("delivery", {"parcel": 7})
+    run_id = store.create_run("delivery", {"parcel": 7}, wire=wire)
     ship = str(uuid.uuid4())
     store.schedule_step(run_id, ship, "ship", "shop.ship", {}, task_id=ship)
     store.record_attempt(ship, 1, "running", task_id=ship, worker="w9@host", pid=99)
-    assert store.mark_lost(ship, 1, 1, LOST_ERROR)
+    assert store.mark_lost(ship, 1, 1, error or LOST_ERROR)
     return run_id, ship
 
 

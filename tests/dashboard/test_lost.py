@@ -53,6 +53,31 @@ def test_a_lost_attempt_shows_its_error_like_a_failure_with_where_it_was_lost(
     assert "Redelivery</dt><dd>not expected" in error
 
 
+def test_a_canvas_step_awaiting_its_redelivery_says_when_it_is_due_and_why(
+    client: TestClient, store: WorkflowStore
+) -> None:
+    due = "2026-01-01T13:00:01+00:00"
+    error = LOST_ERROR | {"redelivery_expected": True, "redelivery_due_at": due}
+    run_id, _ = lost_run(store, error, wire={"type": "canvas"})
+    html = client.get(f"/runs/{run_id}").text
+    [block] = re.findall(r'<tr class="attempt-error">.*?</tr>', html, re.S)
+    assert "Redelivery</dt><dd>expected" in block
+    [when] = re.findall(r'<dd class="redelivery-due">(.*?)</dd>', block, re.S)
+    assert due in when and "<code>visibility_timeout</code>" in when
+    assert "cannot be dispatched again on its own" in when
+
+
+def test_a_workflow_step_dispatched_again_says_so_instead_of_waiting(
+    client: TestClient, store: WorkflowStore
+) -> None:
+    error = LOST_ERROR | {"redelivery_expected": True, "redispatched": True}
+    run_id, _ = lost_run(store, error, wire={"type": "workflow"})
+    html = client.get(f"/runs/{run_id}").text
+    [block] = re.findall(r'<tr class="attempt-error">.*?</tr>', html, re.S)
+    assert "Dispatched again</dt><dd>at once, under the same attempt" in block
+    assert "redelivery-due" not in block
+
+
 def test_the_timeline_draws_a_lost_attempt_in_its_color_up_to_when_it_was_lost(
     client: TestClient, store: WorkflowStore
 ) -> None:
