@@ -90,7 +90,7 @@ def test_postgres_types_are_jsonb_and_timestamptz(pg_server: PgServer) -> None:
         rows = conn.execute(
             sa.text(
                 "SELECT table_name, column_name, data_type FROM information_schema.columns "
-                "WHERE table_name LIKE 'workflow%'"
+                "WHERE table_name LIKE 'workflow%' AND table_schema = current_schema()"
             )
         ).all()
     types = {(table, column): kind for table, column, kind in rows}
