@@ -1,7 +1,8 @@
 """The SQL structure of the mirror: the only place tables and indexes are declared.
 
 The four tables and their column names are those of the Pikku workflow
-engine's SQL store, so its tools can read what pikku-celery writes. The schema
+engine's SQL store, so its tools can read what pikku-celery writes; the forms
+of the values are the data contract (``docs/data-contract.md``). The schema
 is brought to a database only by the migrations shipped in
 ``pikku_celery/migrations``; a test proves the two agree.
 """

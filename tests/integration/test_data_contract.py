@@ -21,6 +21,7 @@ import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore, cli
 from pikku_celery.errors import InvalidDuration
+from pikku_celery.schema import COMPAT_SCHEMA
 from pikku_celery.store.batch import MirrorBatch, NewStep, StepTransition
 from tests.conftest import truncate
 from tests.support.foreign import PIKKU_ERROR, insert_foreign_run
@@ -284,7 +285,7 @@ def test_the_views_show_every_column_under_its_name_with_json_as_text(
     [home] = rows(pg_store, "SELECT current_schema() AS s")
     for table, json_columns in JSON_COLUMNS.items():
         ours = _columns(pg_store, home["s"], table)
-        view = _columns(pg_store, "pikku_compat", table)
+        view = _columns(pg_store, COMPAT_SCHEMA, table)
         assert [name for name, _ in view] == [name for name, _ in ours], table
         for (name, kind), (_, shown) in zip(ours, view, strict=True):
             if name in json_columns:
