@@ -6,6 +6,8 @@
     ├── ConfigurationError          a setting or URL cannot be used
     ├── SerializationError          a value cannot be stored as JSON
     │   └── PayloadTooLarge         a value is larger than the configured limit
+    ├── InvalidDuration             a retry delay is not a duration
+    ├── UnreadableValue             a row holds a value in no form the data contract reads
     ├── StoreError                  the SQL mirror refused or failed an operation
     │   ├── NotFoundError
     │   │   ├── RunNotFound
@@ -52,6 +54,29 @@ class SerializationError(PikkuCeleryError, ValueError):
 
 class PayloadTooLarge(SerializationError):
     """A value is larger than the store accepts; store a reference to it instead of the value."""
+
+
+class InvalidDuration(PikkuCeleryError, ValueError):
+    """A retry delay is not a duration; give seconds (2, 0.5) or a string such as '5s'."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+        super().__init__(
+            f"{value!r} is not a retry delay pikku-celery can store; give seconds as a "
+            "number (2, 0.5), a timedelta, or a duration string of a whole number and a "
+            "unit ('5s', '200ms', '2min', '1h')."
+        )
+
+
+class UnreadableValue(PikkuCeleryError, ValueError):
+    """A row holds a value in no form the data contract reads; correct the row."""
+
+    def __init__(self, kind: str, value: object, expected: str) -> None:
+        self.value = value
+        super().__init__(
+            f"The database holds {value!r} where a {kind} belongs, in no form pikku-celery "
+            f"reads; correct that row (write {expected}, see docs/data-contract.md)."
+        )
 
 
 class StoreError(PikkuCeleryError):

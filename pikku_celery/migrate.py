@@ -15,7 +15,14 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-__all__ = ["VERSION_TABLE", "current_revision", "head_revision", "is_current", "upgrade"]
+__all__ = [
+    "VERSION_TABLE",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "is_current",
+    "upgrade",
+]
 
 VERSION_TABLE = "pikku_celery_alembic_version"
 _SCRIPT_LOCATION = str(Path(__file__).with_name("migrations"))
@@ -58,4 +65,13 @@ def upgrade(engine: sa.Engine, revision: str = "head") -> None:
             # together do not both create the tables.
             connection.exec_driver_sql("BEGIN IMMEDIATE")
         command.upgrade(_config(connection), revision)
+        connection.commit()
+
+
+def downgrade(engine: sa.Engine, revision: str) -> None:
+    """Undo every migration after ``revision`` (``"base"``: all of them)."""
+    with _ALEMBIC_LOCK, engine.connect() as connection:
+        if connection.dialect.name == "sqlite":
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        command.downgrade(_config(connection), revision)
         connection.commit()

@@ -7,7 +7,7 @@ documents without the dashboard's extra dependencies.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -42,7 +42,7 @@ def run_json(run: WorkflowRun) -> dict[str, Any]:
         "input": run.input,
         "output": run.output,
         "error": None if run.error is None else dict(run.error),
-        "state": dict(run.state),
+        "state": dict(run.state) if isinstance(run.state, Mapping) else run.state,
         "inline": run.inline,
         "graph_hash": run.graph_hash,
         "deterministic": run.deterministic,
@@ -91,6 +91,7 @@ def step_json(
         "current_attempt": step.attempt_count,
         "retries": step.retries,
         "retry_delay": step.retry_delay,
+        "retry_delay_seconds": step.retry_delay_seconds,
         "from_step_name": step.from_step_name,
         "child_run_id": step.child_run_id,
         "branch_taken": step.branch_taken,

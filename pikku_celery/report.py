@@ -64,7 +64,7 @@ def format_history(attempts: Iterable[StepAttempt]) -> str:
                 _time(a.running_at),
                 _time(a.ended_at),
                 _seconds(a.duration),
-                _short(f"{a.error.get('type')}: {a.error.get('message')}" if a.error else a.result),
+                _short(_error(a.error) if a.error else a.result),
             ]
             for a in attempts
         ],
@@ -78,7 +78,8 @@ def _json(value: Any) -> str:
 def _error(error: Mapping[str, Any] | None) -> str:
     if not error:
         return ""
-    kind, message = error.get("type"), error.get("message")
+    # A Pikku error names its kind by ``code`` and has no ``type``.
+    kind, message = error.get("type") or error.get("code"), error.get("message")
     return f"{kind}: {message}" if kind else str(message)
 
 

@@ -1,7 +1,8 @@
 """The SQL structure of the mirror: the only place tables and indexes are declared.
 
 The four tables and their column names are those of the Pikku workflow
-engine's SQL store, so its tools can read what pikku-celery writes. The schema
+engine's SQL store, so its tools can read what pikku-celery writes; the forms
+of the values are the data contract (``docs/data-contract.md``). The schema
 is brought to a database only by the migrations shipped in
 ``pikku_celery/migrations``; a test proves the two agree.
 """
@@ -10,20 +11,30 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
+from pikku_celery.errors import UnreadableValue
+
 __all__ = [
+    "COMPAT_SCHEMA",
     "OPEN_STEP_CONDITION",
+    "TIMESTAMP_FORMAT",
+    "Flag",
     "JsonText",
     "UtcDateTime",
+    "format_timestamp",
     "leases",
     "metadata",
     "mirror_deliveries",
+    "parse_timestamp",
+    "read_flag",
+    "sqlite_flag",
     "workflow_runs",
     "workflow_step",
     "workflow_step_history",
@@ -36,7 +47,9 @@ class JsonText(sa.types.TypeDecorator[Any]):
 
     Values are bound as JSON text the store has already encoded (strictly,
     once), so the driver never serialises a second time; PostgreSQL casts the
-    text to ``jsonb``. Reading gives Python values on both databases.
+    text to ``jsonb``. Reading gives Python values on both databases, decoded
+    once: text another writer left that is not JSON (Pikku's SQLite plugin
+    stores a bare string as it is) is given back as that text.
     """
 
     impl = sa.Text
@@ -53,41 +66,162 @@ class JsonText(sa.types.TypeDecorator[Any]):
     def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[Any], Any] | None:
         if dialect.name == "postgresql":
             return None  # psycopg decodes jsonb itself
-        return _loads_or_none
+        return _loads_or_text
 
 
-def _loads_or_none(value: str | None) -> Any:
-    return None if value is None else json.loads(value)
+def _loads_or_text(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value  # NULL, or a number SQLite kept as one
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+# --- time: ISO-8601 in UTC, with its zone -----------------------------------------
+
+#: How a point in time is written on SQLite: ISO-8601 UTC with microseconds and
+#: ``Z``. Fixed width, so text order is time order; Pikku's reader takes it as a Date.
+TIMESTAMP_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+_TIMESTAMP: Final = re.compile(
+    r"\s*(\d{4})-(\d{2})-(\d{2})"
+    r"(?:[Tt ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d+))?)?)?"
+    r"\s*(?:(?P<utc>[Zz])|(?P<sign>[+-])(?P<oh>\d{2})(?::?(?P<om>\d{2}))?)?\s*"
+)
+
+
+def format_timestamp(value: dt.datetime) -> str:
+    """The stored text of an aware datetime on SQLite."""
+    if value.tzinfo is None:
+        raise ValueError("naive datetimes are ambiguous; pass an aware (UTC) datetime")
+    return value.astimezone(dt.timezone.utc).strftime(TIMESTAMP_FORMAT)
+
+
+def parse_timestamp(text: str) -> dt.datetime:
+    """A stored time as an aware UTC datetime, from any ISO-8601 form either system writes.
+
+    ``2026-12-01T07:09:14.822425Z`` (pikku-celery), ``2026-12-01T07:09:14.822Z``
+    (Pikku), an offset (``+02:00``), or no zone at all (``2026-12-01 07:09:14``,
+    SQLite's ``CURRENT_TIMESTAMP`` and pikku-celery before revision 0005): UTC.
+    """
+    match = _TIMESTAMP.fullmatch(text)
+    if match is None:
+        raise UnreadableValue("timestamp", text, "ISO-8601 UTC, 2026-12-01T07:09:14.822425Z")
+    year, month, day, hour, minute, second, fraction = match.groups()[:7]
+    zone = dt.timezone.utc
+    if match.group("sign"):
+        offset = dt.timedelta(hours=int(match.group("oh")), minutes=int(match.group("om") or 0))
+        zone = dt.timezone(-offset if match.group("sign") == "-" else offset)
+    try:
+        value = dt.datetime(
+            int(year),
+            int(month),
+            int(day),
+            int(hour or 0),
+            int(minute or 0),
+            int(second or 0),
+            int((fraction or "0")[:6].ljust(6, "0")),
+            tzinfo=zone,
+        )
+    except ValueError as exc:
+        raise UnreadableValue("timestamp", text, "a real date and time") from exc
+    return value.astimezone(dt.timezone.utc)
+
+
+def _sqlite_time(value: Any) -> dt.datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return _utc(value)
+    return parse_timestamp(str(value))
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt.timezone.utc)
+    return value.astimezone(dt.timezone.utc)
 
 
 class UtcDateTime(sa.types.TypeDecorator[dt.datetime]):
     """A point in time, always given back as an aware UTC datetime.
 
-    PostgreSQL keeps ``timestamptz``; SQLite has no time zones, so naive UTC is
-    stored there and the zone is put back on the way out.
+    PostgreSQL keeps ``timestamptz``. SQLite has no time type: there the time
+    is text, ISO-8601 UTC with its zone (:data:`TIMESTAMP_FORMAT`), and any
+    ISO form another writer left is read too (:func:`parse_timestamp`).
     """
 
     impl = sa.DateTime(timezone=True)
     cache_ok = True
+
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
+        if dialect.name == "sqlite":
+            return _sqlite_bind_time
+        return super().bind_processor(dialect)
+
+    def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[Any], Any] | None:
+        if dialect.name == "sqlite":
+            return _sqlite_time
+        return super().result_processor(dialect, coltype)
 
     def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetimes are ambiguous; pass an aware (UTC) datetime")
-        value = value.astimezone(dt.timezone.utc)
-        if dialect.name == "sqlite":
-            return value.replace(tzinfo=None)
-        return value
+        return value.astimezone(dt.timezone.utc)
 
     def process_result_value(
         self, value: dt.datetime | None, dialect: Dialect
     ) -> dt.datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value.astimezone(dt.timezone.utc)
+        return None if value is None else _utc(value)
+
+
+def _sqlite_bind_time(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return format_timestamp(value)
+    # Already text: a time compared with a stored one is compared as written.
+    return str(value)
+
+
+# --- booleans -------------------------------------------------------------------
+
+_TRUE_TEXT: Final = frozenset({"true", "t", "1", "yes", "y", "on"})
+
+
+def read_flag(value: Any) -> bool | None:
+    """A boolean in any form either system writes: ``true``/``false`` (PostgreSQL),
+    ``'true'``/``'false'`` text (Pikku on SQLite), ``1``/``0`` (pikku-celery before 0005)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return value != 0
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return str(value).strip().lower() in _TRUE_TEXT
+
+
+class Flag(sa.types.TypeDecorator[bool]):
+    """A boolean: ``boolean`` on PostgreSQL; on SQLite the text ``'true'``/``'false'``,
+    as Pikku writes it. Read in any form either system writes (:func:`read_flag`)."""
+
+    impl = sa.Boolean
+    cache_ok = True
+
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
+        if dialect.name == "sqlite":
+            return sqlite_flag
+        return super().bind_processor(dialect)
+
+    def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[Any], Any] | None:
+        return read_flag
+
+
+def sqlite_flag(value: Any) -> str | None:
+    """The stored text of a boolean on SQLite."""
+    return None if value is None else ("true" if value else "false")
 
 
 metadata = sa.MetaData(
@@ -104,6 +238,13 @@ _now = sa.func.current_timestamp()
 #: The steps the partial index ``idx_workflow_step_open`` covers.
 OPEN_STEP_CONDITION = "status IN ('scheduled', 'running', 'lost')"
 
+#: PostgreSQL only (revision 0005): read-only views of the four workflow tables
+#: under their own names, JSON columns as text, for Pikku's services. The views
+#: name their columns, so PostgreSQL refuses to drop or retype a column they
+#: show: a revision that changes one of those columns drops the views first and
+#: makes them again after (a test checks that they show every column, as now).
+COMPAT_SCHEMA = "pikku_compat"
+
 workflow_runs = sa.Table(
     "workflow_runs",
     metadata,
@@ -114,9 +255,9 @@ workflow_runs = sa.Table(
     sa.Column("output", JsonText),
     sa.Column("error", JsonText),
     sa.Column("state", JsonText, nullable=False, server_default=sa.text("'{}'")),
-    sa.Column("inline", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("inline", Flag, nullable=False, server_default=sa.false()),
     sa.Column("graph_hash", sa.Text),
-    sa.Column("deterministic", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("deterministic", Flag, nullable=False, server_default=sa.false()),
     sa.Column("planned_steps", JsonText),
     sa.Column("wire", JsonText),
     sa.Column("created_at", UtcDateTime, nullable=False, server_default=_now),

@@ -100,7 +100,8 @@ def _tooltip(attempt: StepAttempt, now: dt.datetime) -> str:
     if attempt.worker:
         lines.append(f"worker {attempt.worker} pid {attempt.pid}")
     if attempt.error:
-        lines.append(f"{attempt.error.get('type')}: {attempt.error.get('message')}")
+        kind = attempt.error.get("type") or attempt.error.get("code") or "Error"
+        lines.append(f"{kind}: {attempt.error.get('message')}")
     return "\n".join(lines)
 
 

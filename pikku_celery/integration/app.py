@@ -9,6 +9,7 @@ from typing import Any, TypeVar, overload
 from celery import Celery
 from celery.canvas import Signature
 
+from pikku_celery.durations import format_duration, parse_duration
 from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration import signals
 from pikku_celery.integration.delivery import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL
@@ -93,7 +94,7 @@ class PikkuCelery:
         name: str | None = None,
         step_name: str | None = None,
         retries: int | None = None,
-        retry_delay: float | None = None,
+        retry_delay: float | str | None = None,
         backoff: bool | int = False,
         **options: Any,
     ) -> Callable[[F], Any]: ...
@@ -106,7 +107,7 @@ class PikkuCelery:
         name: str | None = None,
         step_name: str | None = None,
         retries: int | None = None,
-        retry_delay: float | None = None,
+        retry_delay: float | str | None = None,
         backoff: bool | int = False,
         **options: Any,
     ) -> Any:
@@ -114,7 +115,8 @@ class PikkuCelery:
 
         ``retries`` retries any exception that many times through Celery's own
         ``autoretry_for``/``max_retries`` (a retry is a real Celery retry,
-        visible as such in Flower); ``retry_delay`` is the delay in seconds and
+        visible as such in Flower); ``retry_delay`` is the delay in seconds (or a duration string,
+        ``"5s"``, ``"200ms"``) and
         ``backoff`` turns on Celery's exponential backoff. Other keyword
         arguments are Celery task options.
         """
@@ -129,7 +131,13 @@ class PikkuCelery:
             task_options.setdefault("autoretry_for", (Exception,))
             task_options["max_retries"] = retries
         if retry_delay is not None:
-            task_options["default_retry_delay"] = retry_delay
+            # Checked now, so a delay the mirror could not store fails at import time.
+            format_duration(retry_delay)
+            task_options["default_retry_delay"] = (
+                parse_duration(retry_delay).total_seconds()
+                if isinstance(retry_delay, str)
+                else retry_delay
+            )
         if backoff:
             task_options["retry_backoff"] = backoff
         decorator = self.app.task(**task_options)

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pikku_celery.errors import SerializationError
+from pikku_celery.durations import format_duration
+from pikku_celery.errors import InvalidDuration, SerializationError
 from pikku_celery.integration.delivery import (
     ADOPT_INTERVAL,
     BATCH_SIZE,
@@ -205,7 +206,7 @@ class CeleryMirror:
                 data_json=data_json,
                 parent_step_id=step.parent_step_id,
                 retries=step.retries,
-                retry_delay=None if step.retry_delay is None else str(step.retry_delay),
+                retry_delay=_delay_text(step.retry_delay),
                 eta=None if step.eta is None else step.eta.timestamp(),
                 new_run=None
                 if run is None
@@ -265,7 +266,7 @@ class CeleryMirror:
             published=published,
             data_json=None if published else self._json(data, f"input of step {step_name!r}"),
             retries=retries,
-            retry_delay=None if retry_delay is None else str(retry_delay),
+            retry_delay=_delay_text(retry_delay),
         )
 
     def retried(
@@ -331,3 +332,15 @@ class CeleryMirror:
                 orchestrated=orchestrated,
             )
         )
+
+
+def _delay_text(seconds: float | None) -> str | None:
+    """A task's retry delay as the tables hold it; one no duration can express (a task
+    option set by hand to -1) is left out rather than failing the user's task."""
+    if seconds is None:
+        return None
+    try:
+        return format_duration(seconds)
+    except InvalidDuration:
+        logger.warning("retry delay %r is not a duration; the step is recorded without it", seconds)
+        return None

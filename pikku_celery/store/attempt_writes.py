@@ -13,6 +13,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
+from pikku_celery.durations import format_duration
 from pikku_celery.errors import InvalidStatus, RunNotFound, StepNotFound, StoreError
 from pikku_celery.store import attempt_queries as aq
 from pikku_celery.store import queries as q
@@ -44,7 +45,7 @@ class AttemptWrites(StoreBase):
         *,
         from_step_name: str | None = None,
         retries: int | None = None,
-        retry_delay: float | str | None = None,
+        retry_delay: float | str | dt.timedelta | None = None,
         eta: dt.datetime | None = None,
         task_id: str | None = None,
         new_run: NewRun | None = None,
@@ -65,7 +66,7 @@ class AttemptWrites(StoreBase):
             "rpc_name": rpc_name,
             "data": self._json(data, f"input of step {step_name!r}"),
             "retries": retries,
-            "retry_delay": None if retry_delay is None else str(retry_delay),
+            "retry_delay": None if retry_delay is None else format_duration(retry_delay),
             "from_step_name": from_step_name,
             "parent_step_id": None,
             "now": timestamp,
@@ -86,6 +87,8 @@ class AttemptWrites(StoreBase):
                 "status": "running",
                 "input": params["run_input"],
                 "state": "{}",
+                "inline": False,
+                "deterministic": False,
                 "wire": params["run_wire"],
                 "created_at": timestamp,
                 "updated_at": timestamp,

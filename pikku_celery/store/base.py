@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from pikku_celery import migrate
+from pikku_celery.durations import format_duration
 from pikku_celery.errors import (
     InvalidStatus,
     PikkuCeleryError,
@@ -25,6 +26,7 @@ from pikku_celery.errors import (
     StoreError,
     StoreUnavailable,
 )
+from pikku_celery.schema import format_timestamp
 from pikku_celery.store.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, error_document
 from pikku_celery.store.engine import configure_engine, make_engine, safe_url
 from pikku_celery.store.models import RUN_STATUSES
@@ -49,9 +51,10 @@ def now() -> dt.datetime:
 
 
 def sqlite_value(value: Any) -> Any:
+    """A parameter as the SQLite column types store it: a time as ISO-8601 UTC text,
+    the format ``UtcDateTime`` writes, so compiled statements compare like with like."""
     if isinstance(value, dt.datetime):
-        # The format SQLAlchemy's SQLite DateTime writes and reads: naive UTC.
-        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+        return format_timestamp(value)
     return value
 
 
@@ -281,7 +284,7 @@ class StoreBase:
         data: Any,
         status: str,
         retries: int | None,
-        retry_delay: float | str | None,
+        retry_delay: float | str | dt.timedelta | None,
         from_step_name: str | None,
         timestamp: dt.datetime,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -294,7 +297,7 @@ class StoreBase:
             "data": self._json(data, f"input of step {step_name!r}"),
             "status": status,
             "retries": retries,
-            "retry_delay": None if retry_delay is None else str(retry_delay),
+            "retry_delay": None if retry_delay is None else format_duration(retry_delay),
             "from_step_name": from_step_name,
             "current_attempt": 1,
             "created_at": timestamp,

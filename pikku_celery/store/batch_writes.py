@@ -18,6 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from pikku_celery.durations import stored_duration
 from pikku_celery.errors import InvalidStatus
 from pikku_celery.store import attempt_queries as aq
 from pikku_celery.store import batch_queries as bq
@@ -147,7 +148,8 @@ class BatchWrites(StoreBase):
                 "rpc_name": s.rpc_name,
                 "data": s.data_json,
                 "retries": s.retries,
-                "retry_delay": s.retry_delay,
+                # A journal written before revision 0005 holds bare seconds.
+                "retry_delay": stored_duration(s.retry_delay),
                 "from_step_name": s.from_step_name,
                 "parent_step_id": s.parent_step_id,
                 "now": s.at,
@@ -178,6 +180,8 @@ class BatchWrites(StoreBase):
                 "status": "running",
                 "input": r["run_input"],
                 "state": "{}",
+                "inline": False,
+                "deterministic": False,
                 "wire": r["run_wire"],
                 "created_at": r["now"],
                 "updated_at": r["now"],

@@ -31,7 +31,7 @@ class ClaimWrites(AttemptWrites):
         status: str = "scheduled",
         from_step_name: str | None = None,
         retries: int | None = None,
-        retry_delay: float | str | None = None,
+        retry_delay: float | str | dt.timedelta | None = None,
         eta: dt.datetime | None = None,
         result: Any = None,
         error: ErrorLike | None = None,

@@ -75,7 +75,13 @@ def _short(text: str, width: int = 60) -> str:
 
 
 def error_document(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]:
-    """The stored shape of an error: ``{type, message, traceback}``."""
+    """The stored shape of an error: ``{type, message, traceback, stack}``, and ``code``
+    when the error has one.
+
+    ``stack`` holds the traceback again under the name a Pikku reader looks
+    for; ``code`` is a stable machine-readable name (``VERSION_CONFLICT``),
+    as Pikku's errors carry, only ever a string.
+    """
     if isinstance(error, BaseException):
         cls = type(error)
         name = (
@@ -88,14 +94,27 @@ def error_document(error: BaseException | Mapping[str, Any] | str) -> dict[str, 
             if error.__traceback__ is not None
             else None
         )
-        return {"type": name, "message": str(error), "traceback": tb}
+        document: dict[str, Any] = {
+            "type": name,
+            "message": str(error),
+            "traceback": tb,
+            "stack": tb,
+        }
+        code = getattr(error, "code", None)
+        if isinstance(code, str) and code:
+            document["code"] = code
+        return document
     if isinstance(error, str):
-        return {"type": None, "message": error, "traceback": None}
+        return {"type": None, "message": error, "traceback": None, "stack": None}
     if isinstance(error, Mapping):
         document = dict(error)
         document.setdefault("type", None)
         document.setdefault("message", "")
-        document.setdefault("traceback", None)
+        document.setdefault("traceback", document.get("stack"))
+        document.setdefault("stack", document["traceback"])
+        if document.get("code") is not None and not isinstance(document["code"], str):
+            # Pikku reads ``code`` as a string: 7 and "7" must mean one thing to both.
+            document["code"] = str(document["code"])
         return document
     raise SerializationError(
         f"An error must be an exception, a message or a mapping, not {type(error).__name__}; "

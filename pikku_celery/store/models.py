@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
+
+from pikku_celery.durations import parse_duration
+from pikku_celery.errors import InvalidDuration
 
 __all__ = [
     "ATTEMPT_STATUSES",
@@ -47,6 +51,27 @@ STATUS_RANK: Final[Mapping[str, int]] = {
 }
 
 
+def error_of(value: Any) -> Mapping[str, Any] | None:
+    """An error column as a mapping. pikku-celery writes an object, and so does Pikku;
+    another writer's string (or JSON text stored as a string) becomes the message,
+    as it is, so every reader can show it."""
+    if value is None or isinstance(value, Mapping):
+        return value
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return {"message": text}
+
+
+def seconds_of(retry_delay: str | None) -> float | None:
+    """A stored retry delay in seconds; None when there is none, or when another
+    writer stored something that is not a duration (Pikku's ``'exponential'``)."""
+    if retry_delay is None:
+        return None
+    try:
+        return parse_duration(retry_delay).total_seconds()
+    except InvalidDuration:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class WorkflowRun:
     """One execution of a workflow, a canvas or a lone task."""
@@ -57,7 +82,8 @@ class WorkflowRun:
     input: Any
     output: Any
     error: Mapping[str, Any] | None
-    state: Mapping[str, Any]
+    #: A JSON object of run variables; another writer's value of another kind, as it is.
+    state: Any
     inline: bool
     graph_hash: str | None
     deterministic: bool
@@ -74,8 +100,8 @@ class WorkflowRun:
             status=row["status"],
             input=row["input"],
             output=row["output"],
-            error=row["error"],
-            state=row["state"] or {},
+            error=error_of(row["error"]),
+            state={} if row["state"] is None else row["state"],
             inline=bool(row["inline"]),
             graph_hash=row["graph_hash"],
             deterministic=bool(row["deterministic"]),
@@ -107,6 +133,11 @@ class StepState:
     created_at: dt.datetime
     updated_at: dt.datetime
 
+    @property
+    def retry_delay_seconds(self) -> float | None:
+        """``retry_delay`` (``"5s"``, ``"200ms"``, or an older row's bare seconds) in seconds."""
+        return seconds_of(self.retry_delay)
+
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> StepState:
         return cls(
@@ -117,7 +148,7 @@ class StepState:
             data=row["data"],
             status=row["status"],
             result=row["result"],
-            error=row["error"],
+            error=error_of(row["error"]),
             # A row from an older writer has no attempt number: it is its first.
             attempt_count=row["current_attempt"] or 1,
             retries=row["retries"],
@@ -157,6 +188,11 @@ class StepAttempt:
     reason: str | None = None
 
     @property
+    def retry_delay_seconds(self) -> float | None:
+        """``retry_delay`` (``"5s"``, ``"200ms"``, or an older row's bare seconds) in seconds."""
+        return seconds_of(self.retry_delay)
+
+    @property
     def ended_at(self) -> dt.datetime | None:
         return self.succeeded_at or self.failed_at
 
@@ -177,7 +213,7 @@ class StepAttempt:
             attempt=row["attempt"] or 1,
             status=row["status"],
             result=row["result"],
-            error=row["error"],
+            error=error_of(row["error"]),
             retries=row["retries"],
             retry_delay=row["retry_delay"],
             created_at=row["created_at"],
@@ -256,7 +292,7 @@ class OpenAttempt:
             pid=row["pid"],
             delivery_count=row["delivery_count"],
             running_at=row["running_at"],
-            error=row["error"],
+            error=error_of(row["error"]),
             updated_at=row.get("updated_at"),
         )
 

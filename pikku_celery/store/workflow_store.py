@@ -7,6 +7,7 @@ and leaves committing to the caller; otherwise it commits its own transaction.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any, Final, Literal
 
 import sqlalchemy as sa
@@ -18,6 +19,7 @@ from pikku_celery.errors import (
     StepAlreadyExists,
     StepNotFound,
     StoreError,
+    UnreadableValue,
     VersionNotFound,
 )
 from pikku_celery.store import queries as q
@@ -190,7 +192,11 @@ class WorkflowStore(
             row = c.execute(q.get_run_state, {"run_id": run_id}).first()
         if row is None:
             raise RunNotFound(run_id)
-        return dict(row[0] or {})
+        state = {} if row[0] is None else row[0]
+        if not isinstance(state, dict):
+            # Another writer's value: a JSON string, say, where an object belongs.
+            raise UnreadableValue("run state (a JSON object)", state, "a JSON object")
+        return state
 
     # --- steps -------------------------------------------------------------
 
@@ -202,7 +208,7 @@ class WorkflowStore(
         data: Any,
         *,
         retries: int | None = None,
-        retry_delay: float | str | None = None,
+        retry_delay: float | str | dt.timedelta | None = None,
         from_step_name: str | None = None,
         status: NewAttemptStatus = "pending",
         step_id: str | None = None,

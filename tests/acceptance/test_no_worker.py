@@ -24,7 +24,7 @@ def test_a_task_published_with_no_worker_is_scheduled(shop: ModuleType) -> None:
     assert (attempt.step_name, attempt.attempt, attempt.status) == ("ship", 1, "scheduled")
     assert attempt.scheduled_at is not None and attempt.running_at is None
     state = store.get_step_state(result.id, "ship")
-    assert (state.status, state.retries, state.retry_delay) == ("scheduled", 2, "0")
+    assert (state.status, state.retries, state.retry_delay) == ("scheduled", 2, "0s")
 
 
 def test_a_publisher_that_exits_right_after_delay_leaves_nothing_unwritten(

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient

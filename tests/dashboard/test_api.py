@@ -22,6 +22,7 @@ def test_runs_filters_and_pages(client: TestClient, seeded: Seeded) -> None:
         "type": "ConnectionError",
         "message": XSS,
         "traceback": None,
+        "stack": None,
     }
     assert failed["runs"][0]["input"] == {"order": 1, "note": XSS}
 

@@ -117,4 +117,4 @@ def test_the_api_gives_the_lost_status_and_the_reapers_error(
     assert step["status"] == "lost"
     [attempt] = step["attempts"]
     assert attempt["status"] == "lost"
-    assert attempt["error"] == LOST_ERROR
+    assert attempt["error"] == {**LOST_ERROR, "stack": None}

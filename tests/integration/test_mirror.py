@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -425,3 +426,27 @@ def test_sqlite_batches_of_several_processes_take_the_write_lock_in_turn(
     assert store.get_step_state(step_id, "charge").status == "scheduled"
     mirror.close()
     store.close()
+
+
+def test_a_tasks_retry_delay_lands_as_a_duration_string_and_a_bad_one_is_left_out(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    mirror = mirror_of(store, tmp_path)
+    published, adopted, odd = (str(uuid.uuid4()) for _ in range(3))
+    mirror.published(replace(lone(published), retry_delay=0.2, retries=2))
+    mirror.started(
+        adopted,
+        1,
+        worker="w",
+        pid=3,
+        adoption=mirror.adoption(
+            adopted, "ship", "shop.ship", published=False, data={}, retry_delay=180
+        ),
+    )
+    # A task option set by hand to a delay no duration expresses: the task is not failed.
+    mirror.published(replace(lone(odd, "odd"), retry_delay=-1))
+    assert mirror.flush()
+    assert store.get_step_state(published, "charge").retry_delay == "200ms"
+    assert store.get_step_state(adopted, "ship").retry_delay == "180s"
+    assert store.get_step_state(odd, "odd").retry_delay is None
+    mirror.close()

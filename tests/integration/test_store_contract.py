@@ -61,7 +61,7 @@ def test_insert_step_writes_step_and_first_attempt(store: WorkflowStore) -> None
         state.step_id,
         1,
         3,
-        "2",
+        "2s",
     )
     assert read.from_step_name == "reserve"
     assert read.data == {"amount": 10}
@@ -247,7 +247,7 @@ def test_success_clears_error_and_failure_clears_result(store: WorkflowStore) ->
     assert (done.status, done.result, done.error) == ("succeeded", {"paid": True}, None)
 
 
-def test_error_is_stored_with_type_message_and_traceback(store: WorkflowStore) -> None:
+def test_error_is_stored_with_type_message_traceback_and_stack(store: WorkflowStore) -> None:
     run_id, step_id = new_step(store)
     try:
         raise KeyError("sku-9")
@@ -255,10 +255,12 @@ def test_error_is_stored_with_type_message_and_traceback(store: WorkflowStore) -
         store.set_step_error(step_id, exc)
     [attempt] = store.get_run_history(run_id)
     assert attempt.error is not None
-    assert set(attempt.error) == {"type", "message", "traceback"}
+    assert set(attempt.error) == {"type", "message", "traceback", "stack"}
     assert attempt.error["type"] == "KeyError"
     assert "sku-9" in attempt.error["message"]
     assert "Traceback" in attempt.error["traceback"]
+    # A Pikku reader finds the traceback under the name it reads.
+    assert attempt.error["stack"] == attempt.error["traceback"]
     assert attempt.failed_at is not None
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -90,7 +92,7 @@ def test_postgres_types_are_jsonb_and_timestamptz(pg_server: PgServer) -> None:
         rows = conn.execute(
             sa.text(
                 "SELECT table_name, column_name, data_type FROM information_schema.columns "
-                "WHERE table_name LIKE 'workflow%'"
+                "WHERE table_name LIKE 'workflow%' AND table_schema = current_schema()"
             )
         ).all()
     types = {(table, column): kind for table, column, kind in rows}
@@ -165,4 +167,99 @@ def test_upgrade_from_0001_keeps_rows_and_adds_attempt_columns(empty_url: str) -
     [attempt] = store.get_run_history("r1")
     assert (attempt.step_name, attempt.status, attempt.result) == ("old-step", "succeeded", "done")
     assert (attempt.delivery_count, attempt.worker) == (0, None)
+    store.close()
+
+
+def _raw(engine: sa.Engine, sql: str) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.exec_driver_sql(sql)]
+
+
+def _write_0004_rows(engine: sa.Engine) -> None:
+    """Rows as pikku-celery wrote them before 0005: naive times, 0/1, bare seconds."""
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO workflow_runs (workflow_run_id, workflow, status, input, inline, "
+            "deterministic, created_at, updated_at) VALUES ('r1', 'old', 'running', '{}', "
+            + ("1, 0, '2026-12-01 07:09:14.822425', '2026-12-01 07:09:14'" if sqlite else "")
+            + ("" if sqlite else "true, false, now(), now()")
+            + ")"
+        )
+        for step, delay in (("s1", "180"), ("s2", "0.2"), ("s3", "exponential"), ("s4", None)):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO workflow_step (workflow_step_id, workflow_run_id, step_name, "
+                    "retry_delay, current_attempt) VALUES (:s, 'r1', :s, :d, 1)"
+                ),
+                {"s": step, "d": delay},
+            )
+        conn.exec_driver_sql(
+            "INSERT INTO workflow_step_history (history_id, workflow_step_id, status, attempt, "
+            "running_at) VALUES ('h1', 's1', 'running', 1, "
+            + ("'2026-12-01 07:09:15.000001'" if sqlite else "now()")
+            + ")"
+        )
+
+
+def test_0005_converts_old_rows_and_its_downgrade_restores_them(empty_url: str) -> None:
+    store = WorkflowStore(empty_url)
+    sqlite = store.dialect == "sqlite"
+    migrate.upgrade(store.engine, "0004")
+    _write_0004_rows(store.engine)
+    migrate.upgrade(store.engine, "0005")
+
+    delays = dict(_raw(store.engine, "SELECT workflow_step_id, retry_delay FROM workflow_step"))
+    # A value that is no duration (another writer's) is left as it was.
+    assert delays == {"s1": "180s", "s2": "200ms", "s3": "exponential", "s4": None}
+    run = store.get_run("r1")
+    assert (run.inline, run.deterministic) == (True, False)
+    if sqlite:
+        assert _raw(
+            store.engine, "SELECT created_at, updated_at, inline, deterministic FROM workflow_runs"
+        ) == [("2026-12-01T07:09:14.822425Z", "2026-12-01T07:09:14.000000Z", "true", "false")]
+        assert _raw(store.engine, "SELECT running_at FROM workflow_step_history") == [
+            ("2026-12-01T07:09:15.000001Z",)
+        ]
+        assert run.created_at == dt.datetime(2026, 12, 1, 7, 9, 14, 822425, tzinfo=dt.timezone.utc)
+    else:
+        assert _raw(
+            store.engine,
+            "SELECT count(*) FROM information_schema.views WHERE table_schema = 'pikku_compat'",
+        ) == [(4,)]
+    assert [s.retry_delay_seconds for s in store.list_step_states("r1")] == [180.0, 0.2, None, None]
+
+    migrate.downgrade(store.engine, "0004")
+    assert store.schema_revision() == "0004"
+    delays = dict(_raw(store.engine, "SELECT workflow_step_id, retry_delay FROM workflow_step"))
+    assert delays == {"s1": "180", "s2": "0.2", "s3": "exponential", "s4": None}
+    if sqlite:
+        assert _raw(
+            store.engine, "SELECT created_at, updated_at, inline, deterministic FROM workflow_runs"
+        ) == [("2026-12-01 07:09:14.822425", "2026-12-01 07:09:14.000000", 1, 0)]
+        assert _raw(store.engine, "SELECT running_at FROM workflow_step_history") == [
+            ("2026-12-01 07:09:15.000001",)
+        ]
+    else:
+        assert _raw(
+            store.engine,
+            "SELECT count(*) FROM information_schema.schemata WHERE schema_name = 'pikku_compat'",
+        ) == [(0,)]
+    store.init()
+    assert store.get_run("r1").inline is True
+    store.close()
+
+
+def test_every_revision_goes_down_to_nothing_and_back(empty_url: str) -> None:
+    store = WorkflowStore(empty_url)
+    store.init()
+    store.create_run("checkout", {})
+    # The compat views depend on the tables: they go first, and come back with them.
+    migrate.downgrade(store.engine, "base")
+    assert store.schema_revision() is None
+    assert "workflow_runs" not in sa.inspect(store.engine).get_table_names()
+    store.init()
+    assert store.list_runs() == []
+    run_id = store.create_run("checkout", {"again": True})
+    assert store.get_run(run_id).input == {"again": True}
     store.close()

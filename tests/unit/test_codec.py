@@ -50,12 +50,18 @@ def test_error_document_shapes() -> None:
     assert document["message"] == "bad card"
     assert "Traceback" in document["traceback"]
     assert error_document(PayloadTooLarge())["type"] == "pikku_celery.errors.PayloadTooLarge"
-    assert error_document("plain") == {"type": None, "message": "plain", "traceback": None}
+    assert error_document("plain") == {
+        "type": None,
+        "message": "plain",
+        "traceback": None,
+        "stack": None,
+    }
     assert error_document({"message": "m", "code": 7}) == {
         "type": None,
         "message": "m",
         "traceback": None,
-        "code": 7,
+        "stack": None,
+        "code": "7",
     }
     with pytest.raises(SerializationError):
         error_document(42)  # type: ignore[arg-type]

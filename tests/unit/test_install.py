@@ -101,3 +101,23 @@ def test_the_packages_own_tasks_take_their_arguments_through_apply_async(
     app.tasks["pikku_celery.reap"].apply_async(kwargs={"idle_for": 0})
     app.tasks["pikku_celery.orchestrate"].apply_async(("run-id",))
     app.tasks["pikku_celery.wake"].apply_async(("run-id", "step-id", 1))
+
+
+def test_a_step_takes_a_duration_string_and_refuses_a_delay_that_is_none(tmp_path: Path) -> None:
+    import pytest
+
+    from pikku_celery.errors import InvalidDuration
+
+    app = Celery("delays", broker="memory://", set_as_current=False)
+    pikku = PikkuCelery(app, f"sqlite:///{tmp_path / 'c.db'}")
+
+    @pikku.step(retries=1, retry_delay="1500ms", name="delays.ship")
+    def ship() -> None:
+        return None
+
+    # Celery counts seconds.
+    assert ship.default_retry_delay == 1.5
+    for bad in (-1, "1.5s", "exponential"):
+        with pytest.raises(InvalidDuration, match="'200ms'"):
+            pikku.step(retries=1, retry_delay=bad, name=f"delays.bad{bad}")
+    del pikku_signals.registry[id(app)]
