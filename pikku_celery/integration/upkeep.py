@@ -62,9 +62,21 @@ class Upkeep:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started: int | None = None
+        self._noting: threading.Thread | None = None
 
     def note_start(self) -> None:
-        """When the worker process starts: any recovery pass begun after now covers it."""
+        """When the worker process starts: any recovery pass begun after now covers it.
+
+        Read in a thread of its own: a database that does not answer never
+        holds up the worker's start.
+        """
+        if self._noting is None:
+            self._noting = threading.Thread(
+                target=self._note, name="pikku-upkeep-start", daemon=True
+            )
+            self._noting.start()
+
+    def _note(self) -> None:
         self._started = self._generation()
 
     def start(self) -> None:
@@ -79,6 +91,8 @@ class Upkeep:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        if self._noting is not None:
+            self._noting.join()
         self._guarded("adopt the journals of processes that are gone", self.mirror.adopt_orphans)
         if self.interval > 0:
             # A new worker looks at once, even while the last pass rests.
@@ -134,7 +148,11 @@ class Upkeep:
         store = self.mirror.store
         seen = store.lease_generation(self.recovery_lease) if started is None else started
         while not self._stop.is_set():
-            taken = store.take_lease(self.recovery_lease, self.holder, _RECOVERY_LEASE)
+            # Taken only if no pass began since this worker started: if one did, it covers
+            # this worker even when it has ended by now.
+            taken = store.take_lease(
+                self.recovery_lease, self.holder, _RECOVERY_LEASE, if_generation=seen
+            )
             if taken is not None:
                 try:
                     count = self._recover(functools.partial(self._renew_recovery, taken))

@@ -28,7 +28,8 @@ def take(dialect: str) -> Any:
     """Insert the lease, or take it over when it has expired; RETURNING its new generation.
 
     With ``over_resting`` true, a lease whose holder released it but held it
-    back a while (a reaper's rest between passes) can be taken as well.
+    back a while (a reaper's rest between passes) can be taken as well. With
+    ``if_generation`` set, only if nobody took it since it had that generation.
     """
     insert: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(leases)
     now = clock(dialect)
@@ -42,9 +43,15 @@ def take(dialect: str) -> Any:
             "generation": leases.c.generation + 1,
             "expires_at": statement.excluded.expires_at,
         },
-        where=sa.or_(
-            leases.c.expires_at <= now,
-            sa.and_(P("over_resting", type_=sa.Boolean()), leases.c.holder == ""),
+        where=sa.and_(
+            sa.or_(
+                leases.c.expires_at <= now,
+                sa.and_(P("over_resting", type_=sa.Boolean()), leases.c.holder == ""),
+            ),
+            sa.or_(
+                P("if_generation", type_=sa.Integer()).is_(None),
+                leases.c.generation == P("if_generation", type_=sa.Integer()),
+            ),
         ),
     ).returning(leases.c.generation)
 

@@ -29,11 +29,14 @@ class LeaseWrites(StoreBase):
         ttl: float,
         *,
         over_resting: bool = False,
+        if_generation: int | None = None,
         conn: sa.Connection | None = None,
     ) -> int | None:
         """The lease's new generation if ``holder`` has it now for ``ttl`` seconds, else None.
 
         ``over_resting``: take it too when its last holder released it with a ``hold``.
+        ``if_generation``: only if it was not taken since it had that generation (0:
+        never), so a check and a take are one step.
         """
         if ttl <= 0:
             raise ConfigurationError(f"A lease lasts more than 0 seconds, not {ttl}.")
@@ -45,6 +48,7 @@ class LeaseWrites(StoreBase):
             "ttl": float(ttl),
             "now": time.time(),
             "over_resting": over_resting,
+            "if_generation": if_generation,
         }
         with self._tx(conn) as c:
             got = c.execute(lq.take(self.dialect), params).scalar()

@@ -8,6 +8,7 @@ every step that succeeded having run exactly once.
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 import uuid
 from collections import Counter
@@ -242,3 +243,36 @@ def test_the_workers_reaper_can_be_turned_off(
         time.sleep(4)
         assert shop.pikku.store.get_step_state(result.id, "lose_for_good").status == "running"
     assert shop.pikku.reap(idle_for=0, reply_timeout=1).failed  # beat or cron still can
+
+
+def test_the_reaper_leaves_an_attempt_whose_end_still_waits_in_a_live_journal(
+    shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    tmp = tmp_path_factory.mktemp("journaled-end")
+    nodename = f"journaled-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
+    # The worker flushes every 30 s: the task's start and end stay in its journal.
+    env = {"SHOP_FLUSH_INTERVAL": "30", "SHOP_REAPER_INTERVAL": "0"}
+    label = uuid.uuid4().hex[:8]
+    with worker_running(shop, "redis", tmp, nodename=nodename, extra_env=env) as worker:
+        result = shop.quick.delay(label)
+        wait_until(lambda: f"quick end {label}" in worker.journal_lines(), what="the task done")
+        [start] = [line for line in worker.journal_lines() if line.startswith("quick start")]
+        # SQL as it is when the start was flushed and the end was not yet: running.
+        wait_until(
+            lambda: shop.pikku.store.get_step_state(result.id, "quick").status == "scheduled",
+            what="the publish in SQL",
+        )
+        shop.pikku.store.record_attempt(
+            result.id, 1, "running", task_id=result.id, worker=nodename, pid=int(start.split()[2])
+        )
+        report = shop.pikku.reap(idle_for=0, reply_timeout=1)
+        touched = report.lost + report.retried + report.failed + report.redispatched
+        assert result.id not in [a.step_id for a in touched]
+        assert shop.pikku.store.get_step_state(result.id, "quick").status == "running"
+        worker.stop()  # a warm shutdown flushes the journal
+        run = worker.wait_for_run(result.id, timeout=20)
+        assert (run.status, run.output) == ("completed", label)
+        assert [(a.attempt, a.status) for a in worker.store.get_run_history(result.id)] == [
+            (1, "succeeded")
+        ]
+        assert sum(line.startswith("quick start") for line in worker.journal_lines()) == 1

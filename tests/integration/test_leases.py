@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from pikku_celery import WorkflowStore
+from pikku_celery.integration.mirror import CeleryMirror
+from pikku_celery.integration.reaper import Reaper
+from pikku_celery.integration.upkeep import Recover, Upkeep
+from tests.support.threads import run_threads
 
 
 def test_a_lease_has_one_holder_until_it_expires(store: WorkflowStore) -> None:
@@ -66,3 +72,64 @@ def test_a_resting_lease_can_be_taken_over_the_rest_but_never_a_held_one(
     assert store.take_lease("reaper", "worker-c", ttl=30) is None
     assert store.take_lease("reaper", "worker-b", ttl=30, over_resting=True) == held + 1
     assert not store.release_lease("reaper", "worker-a", held)  # no longer its own
+
+
+def test_a_lease_taken_since_a_given_generation_is_not_taken_again_even_when_free(
+    store: WorkflowStore,
+) -> None:
+    seen = store.lease_generation("recovery")
+    assert seen == 0
+    first = store.take_lease("recovery", "worker-a", ttl=30, if_generation=seen)
+    assert first == 1
+    store.release_lease("recovery", "worker-a", first)
+    # Free again, but taken since worker-b looked: that pass covers it.
+    assert store.take_lease("recovery", "worker-b", ttl=30, if_generation=seen) is None
+    assert store.take_lease("recovery", "worker-b", ttl=30, if_generation=first) == 2
+
+
+def _no_reaper() -> Reaper:
+    raise AssertionError("these tests run no reaper pass")
+
+
+def _upkeeps(store: WorkflowStore, tmp_path: Path, calls: list[str], n: int) -> list[Upkeep]:
+    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+
+    def recover_for(name: str) -> Recover:
+        def recover(go_on: Callable[[], bool]) -> int:
+            calls.append(name)
+            time.sleep(0.3)  # a pass long enough for the others to see it going
+            assert go_on()
+            return 1
+
+        return recover
+
+    return [
+        Upkeep(mirror, _no_reaper, holder=f"w{i}", recover=recover_for(f"w{i}")) for i in range(n)
+    ]
+
+
+def test_workers_that_started_before_a_recovery_pass_began_share_it(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    calls: list[str] = []
+    upkeeps = _upkeeps(store, tmp_path, calls, 3)
+    started = store.lease_generation("recovery")  # all three started before any pass
+    run_threads(3, lambda i: upkeeps[i].recover_once(started))
+    assert len(calls) == 1
+
+
+def test_a_worker_that_started_during_a_pass_runs_one_more_after_it(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    calls: list[str] = []
+    early, late, later = _upkeeps(store, tmp_path, calls, 3)
+    before = store.lease_generation("recovery")
+    going = threading.Thread(target=early.recover_once, args=(before,))
+    going.start()
+    wait = time.monotonic() + 5
+    while store.lease_generation("recovery") == before and time.monotonic() < wait:
+        time.sleep(0.01)
+    during = store.lease_generation("recovery")  # these two started while it ran
+    run_threads(2, lambda i: (late, later)[i].recover_once(during))
+    going.join()
+    assert len(calls) == 2  # the pass they found going, and one for both of them

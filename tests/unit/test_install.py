@@ -2,10 +2,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from celery import Celery, signals
 
 from pikku_celery import PikkuCelery, WorkflowTask
+from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration import signals as pikku_signals
+from pikku_celery.integration.reaper import visibility_timeout
 
 
 def receivers_of(signal: signals.Signal) -> int:
@@ -121,3 +124,34 @@ def test_a_step_takes_a_duration_string_and_refuses_a_delay_that_is_none(tmp_pat
         with pytest.raises(InvalidDuration, match="'200ms'"):
             pikku.step(retries=1, retry_delay=bad, name=f"delays.bad{bad}")
     del pikku_signals.registry[id(app)]
+
+
+def test_the_workers_reaper_runs_every_ten_seconds_unless_set_or_turned_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = Celery("reaper-interval", broker="memory://", set_as_current=False)
+    pikku = PikkuCelery(app, f"sqlite:///{tmp_path / 'r.db'}")
+    try:
+        assert pikku.reaper_interval == 10.0
+        monkeypatch.setenv("PIKKU_REAPER_INTERVAL", "2.5")
+        assert pikku.reaper_interval == 2.5
+        app.conf.pikku_reaper_interval = 0
+        assert pikku.reaper_interval == 0.0
+        app.conf.pikku_reaper_interval = False
+        assert pikku.reaper_interval == 0.0
+        for bad in ("soon", -1):
+            app.conf.pikku_reaper_interval = bad
+            with pytest.raises(ConfigurationError, match="pikku_reaper_interval"):
+                _ = pikku.reaper_interval
+    finally:
+        del pikku_signals.registry[id(app)]
+
+
+def test_the_broker_decides_whether_a_lost_workflow_step_is_dispatched_again() -> None:
+    redis = Celery("vt", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    assert visibility_timeout(redis) == 3600.0
+    redis.conf.broker_transport_options = {"visibility_timeout": 120}
+    assert visibility_timeout(redis) == 120.0
+    # RabbitMQ gives a dead consumer's messages back at once: nothing to wait for.
+    amqp = Celery("amqp", broker="amqp://guest@127.0.0.1:1//", set_as_current=False)
+    assert visibility_timeout(amqp) is None
