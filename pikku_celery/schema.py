@@ -364,14 +364,15 @@ mirror_deliveries = sa.Table(
 
 # Not one of Pikku's tables either: who holds work that one process of the
 # cluster does at a time (recovery at start, a reaper pass). ``generation``
-# counts every take, so a waiter can tell a pass that began after it looked
-# from the one it waited on. ``expires_at`` is in seconds since the epoch, on
-# the database server's clock where there is one.
+# counts every take (a holder renews and releases only its own); ``taken_at``
+# tells a waiter whether a pass began after it started. Times are seconds since
+# the epoch, on the database server's clock where there is one.
 leases = sa.Table(
     "pikku_celery_leases",
     metadata,
     sa.Column("name", sa.Text, primary_key=True),
     sa.Column("holder", sa.Text, nullable=False),
     sa.Column("generation", sa.Integer, nullable=False),
+    sa.Column("taken_at", sa.Float, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=False),
 )

@@ -61,23 +61,21 @@ class Upkeep:
         self.recovery_lease = recovery_lease
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._started: int | None = None
-        self._noting: threading.Thread | None = None
+        self._began: float | None = None
 
     def note_start(self) -> None:
         """When the worker process starts: any recovery pass begun after now covers it.
 
-        Read in a thread of its own: a database that does not answer never
-        holds up the worker's start.
+        Only the local monotonic clock is read here, before the pool forks: no
+        connection is made that the pool processes would inherit.
         """
-        if self._noting is None:
-            self._noting = threading.Thread(
-                target=self._note, name="pikku-upkeep-start", daemon=True
-            )
-            self._noting.start()
+        if self._began is None:
+            self._began = time.monotonic()
 
-    def _note(self) -> None:
-        self._started = self._generation()
+    def started(self) -> float:
+        """When this worker started, on the leases' clock: now there, less how long ago here."""
+        began = self._began if self._began is not None else time.monotonic()
+        return self.mirror.store.lease_clock() - (time.monotonic() - began)
 
     def start(self) -> None:
         if self._thread is not None:
@@ -91,14 +89,12 @@ class Upkeep:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        if self._noting is not None:
-            self._noting.join()
         self._guarded("adopt the journals of processes that are gone", self.mirror.adopt_orphans)
         if self.interval > 0:
             # A new worker looks at once, even while the last pass rests.
             self._guarded("run the reaper", lambda: self.reap_once(at_start=True))
         if self._recover is not None:
-            self._guarded("recover workflow runs", lambda: self.recover_once(self._started))
+            self._guarded("recover workflow runs", self.recover_once)
         while self.interval > 0 and not self._stop.wait(self.interval):
             self._guarded("run the reaper", self.reap_once)
 
@@ -111,12 +107,6 @@ class Upkeep:
                 what,
                 extra={"action": "upkeep_failed"},
             )
-
-    def _generation(self) -> int | None:
-        try:
-            return self.mirror.store.lease_generation(self.recovery_lease)
-        except Exception:
-            return None  # the database is away: recovery looks again once it is back
 
     # --- the reaper ------------------------------------------------------------------
 
@@ -139,19 +129,19 @@ class Upkeep:
 
     # --- recovery --------------------------------------------------------------------
 
-    def recover_once(self, started: int | None = None) -> bool:
+    def recover_once(self, started: float | None = None) -> bool:
         """Make sure a recovery pass begins after this worker started; True if this ran it.
 
-        ``started``: the lease's generation when the worker started (read now if None).
+        ``started``: when the worker started, on the leases' clock (else :meth:`started`).
         """
         assert self._recover is not None
         store = self.mirror.store
-        seen = store.lease_generation(self.recovery_lease) if started is None else started
+        since = self.started() if started is None else started
         while not self._stop.is_set():
-            # Taken only if no pass began since this worker started: if one did, it covers
-            # this worker even when it has ended by now.
+            # Taken only if no pass began since this worker started: one that did covers
+            # this worker, even when it has ended by now.
             taken = store.take_lease(
-                self.recovery_lease, self.holder, _RECOVERY_LEASE, if_generation=seen
+                self.recovery_lease, self.holder, _RECOVERY_LEASE, if_taken_before=since
             )
             if taken is not None:
                 try:
@@ -164,7 +154,8 @@ class Upkeep:
                     extra={"action": "workflow_recovery", "runs": count},
                 )
                 return True
-            if store.lease_generation(self.recovery_lease) > seen:
+            last = store.lease_taken_at(self.recovery_lease)
+            if last is not None and last >= since:
                 return False  # a pass that began after this worker started covers it
             self._stop.wait(_POLL)
         return False

@@ -10,7 +10,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from pikku_celery.schema import leases
 
-__all__ = ["clock", "generation", "release", "renew", "take"]
+__all__ = ["clock", "generation", "now", "release", "renew", "take", "taken_at"]
 
 P = sa.bindparam
 
@@ -29,28 +29,36 @@ def take(dialect: str) -> Any:
 
     With ``over_resting`` true, a lease whose holder released it but held it
     back a while (a reaper's rest between passes) can be taken as well. With
-    ``if_generation`` set, only if nobody took it since it had that generation.
+    ``if_taken_before`` set, only if nobody took it since that moment.
     """
     insert: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(leases)
     now = clock(dialect)
     statement = insert.values(
-        name=P("lease"), holder=P("by"), generation=1, expires_at=now + P("ttl")
+        name=P("lease"),
+        holder=P("by"),
+        generation=1,
+        taken_at=now,
+        expires_at=now + P("ttl", type_=sa.Float()),
     )
     return statement.on_conflict_do_update(
         index_elements=["name"],
         set_={
             "holder": statement.excluded.holder,
             "generation": leases.c.generation + 1,
+            "taken_at": statement.excluded.taken_at,
             "expires_at": statement.excluded.expires_at,
         },
         where=sa.and_(
             sa.or_(
                 leases.c.expires_at <= now,
-                sa.and_(P("over_resting", type_=sa.Boolean()), leases.c.holder == ""),
+                sa.and_(
+                    sa.cast(P("over_resting", type_=sa.Boolean()), sa.Boolean()),
+                    leases.c.holder == "",
+                ),
             ),
             sa.or_(
-                P("if_generation", type_=sa.Integer()).is_(None),
-                leases.c.generation == P("if_generation", type_=sa.Integer()),
+                sa.cast(P("if_taken_before", type_=sa.Float()), sa.Float()).is_(None),
+                leases.c.taken_at < P("if_taken_before", type_=sa.Float()),
             ),
         ),
     ).returning(leases.c.generation)
@@ -65,7 +73,7 @@ def renew(dialect: str) -> sa.Update:
             leases.c.holder == P("by"),
             leases.c.generation == P("taken"),
         )
-        .values(expires_at=clock(dialect) + P("ttl"))
+        .values(expires_at=clock(dialect) + P("ttl", type_=sa.Float()))
     )
 
 
@@ -76,3 +84,9 @@ def release(dialect: str) -> sa.Update:
 
 
 generation: Final = sa.select(leases.c.generation).where(leases.c.name == P("lease"))
+taken_at: Final = sa.select(leases.c.taken_at).where(leases.c.name == P("lease"))
+
+
+@cache
+def now(dialect: str) -> sa.Select[Any]:
+    return sa.select(clock(dialect))

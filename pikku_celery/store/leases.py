@@ -29,14 +29,14 @@ class LeaseWrites(StoreBase):
         ttl: float,
         *,
         over_resting: bool = False,
-        if_generation: int | None = None,
+        if_taken_before: float | None = None,
         conn: sa.Connection | None = None,
     ) -> int | None:
         """The lease's new generation if ``holder`` has it now for ``ttl`` seconds, else None.
 
         ``over_resting``: take it too when its last holder released it with a ``hold``.
-        ``if_generation``: only if it was not taken since it had that generation (0:
-        never), so a check and a take are one step.
+        ``if_taken_before``: only if nobody took it since that moment (on
+        :meth:`lease_clock`), so a check and a take are one step.
         """
         if ttl <= 0:
             raise ConfigurationError(f"A lease lasts more than 0 seconds, not {ttl}.")
@@ -48,7 +48,7 @@ class LeaseWrites(StoreBase):
             "ttl": float(ttl),
             "now": time.time(),
             "over_resting": over_resting,
-            "if_generation": if_generation,
+            "if_taken_before": if_taken_before,
         }
         with self._tx(conn) as c:
             got = c.execute(lq.take(self.dialect), params).scalar()
@@ -99,3 +99,15 @@ class LeaseWrites(StoreBase):
         with self._read(conn) as c:
             got = c.execute(lq.generation, {"lease": name}).scalar()
         return 0 if got is None else int(got)
+
+    def lease_taken_at(self, name: str, *, conn: sa.Connection | None = None) -> float | None:
+        """When the lease was last taken, on :meth:`lease_clock`; None: never."""
+        with self._read(conn) as c:
+            got = c.execute(lq.taken_at, {"lease": name}).scalar()
+        return None if got is None else float(got)
+
+    def lease_clock(self, *, conn: sa.Connection | None = None) -> float:
+        """Now on the clock leases are kept by: the server's on PostgreSQL, this machine's on
+        SQLite (seconds since the epoch)."""
+        with self._read(conn) as c:
+            return float(c.execute(lq.now(self.dialect), {"now": time.time()}).scalar_one())

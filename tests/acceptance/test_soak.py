@@ -192,7 +192,9 @@ def test_ten_thousand_tasks_keep_connections_and_memory_flat(
         "one for the publisher)"
     )
     later = max(s.connections for s in samples if s.done >= WARM_UP)
-    assert later <= warm.connections, (
+    # The main process's second writer (the reaper's pass every 10 s) may connect after
+    # the warm-up, once; anything more would grow with the tasks.
+    assert later <= warm.connections + 1, (
         f"connections grew from {warm.connections} after {WARM_UP} tasks to {later}"
     )
     for pid, size in end.rss_kib.items():

@@ -74,17 +74,19 @@ def test_a_resting_lease_can_be_taken_over_the_rest_but_never_a_held_one(
     assert not store.release_lease("reaper", "worker-a", held)  # no longer its own
 
 
-def test_a_lease_taken_since_a_given_generation_is_not_taken_again_even_when_free(
+def test_a_lease_taken_since_a_given_moment_is_not_taken_again_even_when_free(
     store: WorkflowStore,
 ) -> None:
-    seen = store.lease_generation("recovery")
-    assert seen == 0
-    first = store.take_lease("recovery", "worker-a", ttl=30, if_generation=seen)
+    looked = store.lease_clock()
+    first = store.take_lease("recovery", "worker-a", ttl=30, if_taken_before=looked)
     assert first == 1
+    taken_at = store.lease_taken_at("recovery")
+    assert taken_at is not None and taken_at >= looked
     store.release_lease("recovery", "worker-a", first)
     # Free again, but taken since worker-b looked: that pass covers it.
-    assert store.take_lease("recovery", "worker-b", ttl=30, if_generation=seen) is None
-    assert store.take_lease("recovery", "worker-b", ttl=30, if_generation=first) == 2
+    assert store.take_lease("recovery", "worker-b", ttl=30, if_taken_before=looked) is None
+    later = store.lease_clock() + 0.001
+    assert store.take_lease("recovery", "worker-b", ttl=30, if_taken_before=later) == 2
 
 
 def _no_reaper() -> Reaper:
@@ -113,7 +115,7 @@ def test_workers_that_started_before_a_recovery_pass_began_share_it(
 ) -> None:
     calls: list[str] = []
     upkeeps = _upkeeps(store, tmp_path, calls, 3)
-    started = store.lease_generation("recovery")  # all three started before any pass
+    started = store.lease_clock()  # all three started before any pass
     run_threads(3, lambda i: upkeeps[i].recover_once(started))
     assert len(calls) == 1
 
@@ -124,12 +126,12 @@ def test_a_worker_that_started_during_a_pass_runs_one_more_after_it(
     calls: list[str] = []
     early, late, later = _upkeeps(store, tmp_path, calls, 3)
     before = store.lease_generation("recovery")
-    going = threading.Thread(target=early.recover_once, args=(before,))
+    going = threading.Thread(target=early.recover_once, args=(store.lease_clock(),))
     going.start()
     wait = time.monotonic() + 5
     while store.lease_generation("recovery") == before and time.monotonic() < wait:
         time.sleep(0.01)
-    during = store.lease_generation("recovery")  # these two started while it ran
+    during = store.lease_clock()  # these two started while it ran
     run_threads(2, lambda i: (late, later)[i].recover_once(during))
     going.join()
     assert len(calls) == 2  # the pass they found going, and one for both of them

@@ -22,6 +22,7 @@ def upgrade() -> None:
         sa.Column("name", sa.Text, nullable=False),
         sa.Column("holder", sa.Text, nullable=False),
         sa.Column("generation", sa.Integer, nullable=False),
+        sa.Column("taken_at", sa.Float, nullable=False),
         sa.Column("expires_at", sa.Float, nullable=False),
         sa.PrimaryKeyConstraint("name", name="pk_pikku_celery_leases"),
     )
