@@ -36,7 +36,8 @@ app.conf.update(
     worker_hijack_root_logger=False,
 )
 pikku = PikkuCelery(app)
-# The stuck-attempt reaper, sent by `celery beat` (the Procfile's and compose's beat process).
+# The stuck-attempt reaper, sent by `celery beat` (the Procfile's and compose's beat process)
+# besides the worker's own passes (app.conf.pikku_reaper_interval).
 pikku.reap_every(float(os.environ.get("PIKKU_REAP_EVERY", "60")))
 if _broker.startswith("filesystem://"):
     # The filesystem transport has no fanout exchange for task events.
