@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +21,11 @@ from celery import Celery
 
 from pikku_celery import WorkflowStore
 from pikku_celery.integration import headers as h
+from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import LOST_ERROR_TYPE, Reaper
 from tests.acceptance.conftest import AMQP_URL, address, port_open, redis_db
 from tests.conftest import service_missing
+from tests.support.threads import run_threads
 
 BROKER = redis_db(13)
 
@@ -139,3 +143,47 @@ def test_a_claim_whose_message_never_went_out_is_sent_once(
     # Sent just now: its grace starts again, so the next pass sends nothing.
     assert _reaper(app, store, claim_grace=5).reap().unsent_sent == []
     assert len(_queued(app)) == 1
+
+
+def test_two_reapers_at_once_dispatch_a_lost_workflow_step_once(
+    app: Celery, store: WorkflowStore
+) -> None:
+    _, step_id = _running_on_a_dead_worker(store, "workflow")
+    reports: list[Any] = []
+    lock = threading.Lock()
+
+    def reap(_: int) -> None:
+        report = _reaper(app, store).reap()
+        with lock:
+            reports.append(report)
+
+    run_threads(2, reap)
+    assert sum(len(r.redispatched) for r in reports) == 1
+    assert [h["id"] for h in _queued(app)] == [step_id]
+
+
+def test_a_worker_that_was_only_slow_cannot_undo_the_re_dispatch_that_won(
+    app: Celery, store: WorkflowStore, tmp_path: Path
+) -> None:
+    run_id, step_id = _running_on_a_dead_worker(store, "workflow")
+    assert _reaper(app, store).reap().redispatched  # "gone@host" did not answer in time
+    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+    # The re-dispatch runs on another worker and succeeds first...
+    mirror.started(step_id, 1, worker="fresh@host", pid=8)
+    mirror.succeeded(None, step_id, 1, "second", orchestrated=True)
+    assert mirror.flush()
+    # ...then the slow original ends too: its late outcome changes nothing.
+    mirror.succeeded(None, step_id, 1, "first", orchestrated=True)
+    mirror.ended(None, step_id, 1, "failed", {"type": "Late", "message": "late"}, orchestrated=True)
+    assert mirror.flush()
+    step = store.get_step(step_id)
+    assert (step.status, step.result, step.error) == ("succeeded", "second", None)
+    [attempt] = store.get_run_history(run_id)
+    assert (attempt.attempt, attempt.status, attempt.result, attempt.worker) == (
+        1,
+        "succeeded",
+        "second",
+        "fresh@host",
+    )
+    assert attempt.delivery_count == 2  # the original delivery and the re-dispatch
+    mirror.close()
