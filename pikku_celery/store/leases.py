@@ -64,15 +64,7 @@ class LeaseWrites(StoreBase):
         conn: sa.Connection | None = None,
     ) -> bool:
         """Extend the lease ``ttl`` seconds from now; False if ``holder`` lost it meanwhile."""
-        params = {
-            "lease": name,
-            "by": holder,
-            "taken": generation,
-            "ttl": float(ttl),
-            "now": time.time(),
-        }
-        with self._tx(conn) as c:
-            return bool(c.execute(lq.renew(self.dialect), params).rowcount)
+        return self._held_lease(lq.renew(self.dialect), name, holder, generation, ttl, conn)
 
     def release_lease(
         self,
@@ -84,15 +76,26 @@ class LeaseWrites(StoreBase):
         conn: sa.Connection | None = None,
     ) -> bool:
         """Give the lease up, at once or after ``hold`` more seconds; False if not held."""
+        return self._held_lease(lq.release(self.dialect), name, holder, generation, hold, conn)
+
+    def _held_lease(
+        self,
+        statement: sa.Update,
+        name: str,
+        holder: str,
+        generation: int,
+        ttl: float,
+        conn: sa.Connection | None,
+    ) -> bool:
         params = {
             "lease": name,
             "by": holder,
             "taken": generation,
-            "ttl": float(hold),
+            "ttl": float(ttl),
             "now": time.time(),
         }
         with self._tx(conn) as c:
-            return bool(c.execute(lq.release(self.dialect), params).rowcount)
+            return bool(c.execute(statement, params).rowcount)
 
     def lease_generation(self, name: str, *, conn: sa.Connection | None = None) -> int:
         """How many times the lease was ever taken (0: never)."""

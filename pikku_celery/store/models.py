@@ -25,6 +25,7 @@ __all__ = [
     "UnsentClaim",
     "WorkflowRun",
     "WorkflowVersion",
+    "run_kind",
 ]
 
 RunStatus = Literal["running", "suspended", "completed", "failed", "cancelled"]
@@ -253,6 +254,11 @@ class WorkflowVersion:
         )
 
 
+def run_kind(wire: Any) -> str:
+    """What made a run, from its ``wire``: ``workflow``, ``canvas`` or ``task``."""
+    return str(wire.get("type", "task")) if isinstance(wire, dict) else "task"
+
+
 @dataclass(frozen=True, slots=True)
 class OpenAttempt:
     """A step's current attempt that is ``running`` or ``lost``: what the reaper looks at."""
@@ -276,10 +282,9 @@ class OpenAttempt:
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> OpenAttempt:
-        wire = row["wire"]
         return cls(
             run_id=row["workflow_run_id"],
-            run_kind=str(wire.get("type", "task")) if isinstance(wire, dict) else "task",
+            run_kind=run_kind(row["wire"]),
             step_id=row["workflow_step_id"],
             step_name=row["step_name"],
             rpc_name=row["rpc_name"],
@@ -312,10 +317,9 @@ class UnsentClaim:
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> UnsentClaim:
-        wire = row["wire"]
         return cls(
             run_id=row["workflow_run_id"],
-            run_kind=str(wire.get("type", "task")) if isinstance(wire, dict) else "task",
+            run_kind=run_kind(row["wire"]),
             step_id=row["workflow_step_id"],
             step_name=row["step_name"],
             rpc_name=row["rpc_name"],

@@ -34,18 +34,23 @@ _current = sa.and_(
     history.c.attempt == sa.func.coalesce(steps.c.current_attempt, 1),
 )
 
+# What the reaper needs of a step to send it again: its run, its task and its call.
+_step_to_send: Final = (
+    steps.c.workflow_run_id,
+    runs.c.wire,
+    steps.c.workflow_step_id,
+    steps.c.step_name,
+    steps.c.rpc_name,
+    steps.c.data,
+    history.c.attempt,
+)
+
 # The status filter matches the partial index's condition, so the scan stays
 # inside the unfinished steps.
 open_attempts: Final = (
     sa.select(
-        steps.c.workflow_run_id,
-        runs.c.wire,
-        steps.c.workflow_step_id,
-        steps.c.step_name,
-        steps.c.rpc_name,
-        steps.c.data,
+        *_step_to_send,
         steps.c.retries,
-        history.c.attempt,
         history.c.status,
         history.c.task_id,
         history.c.worker,
@@ -125,16 +130,7 @@ give_up_step: Final = (
 # attempt's task id, set once the message is out) is missing long after the claim.
 # Only claims leave it empty; every other scheduled attempt is written with it.
 unsent_claims: Final = (
-    sa.select(
-        steps.c.workflow_run_id,
-        runs.c.wire,
-        steps.c.workflow_step_id,
-        steps.c.step_name,
-        steps.c.rpc_name,
-        steps.c.data,
-        history.c.attempt,
-        history.c.scheduled_at,
-    )
+    sa.select(*_step_to_send, history.c.scheduled_at)
     .select_from(steps.join(history, _current).join(runs))
     .where(
         steps.c.status == "scheduled",
