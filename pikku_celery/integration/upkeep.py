@@ -1,4 +1,4 @@
-"""A worker's own upkeep, in a thread of its main process: recovery at start, then the reaper.
+"""A worker's own upkeep, in threads of its main process: recovery at start, and the reaper.
 
 No beat is needed. Every worker runs a reaper pass every ``interval``
 seconds (``app.conf.pikku_reaper_interval``; 0 turns it off), and a lease in
@@ -6,8 +6,8 @@ SQL makes that one pass per cluster at a time, about once per interval
 however many workers there are. At start a worker first writes the journals
 that dead processes on its machine left (so no attempt whose end is on disk
 is taken for lost), then runs a pass at once (a restarted worker's lost
-workflow steps go on within seconds), then recovers durable workflow runs,
-none of it holding up the worker itself.
+workflow steps go on within seconds) while another thread recovers durable
+workflow runs, none of it holding up the worker itself.
 
 Recovery is shared the same way: a starting worker needs one recovery pass
 that began after it started. If one is running, it waits for that pass to
@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 
 ENV_REAPER_INTERVAL: Final = "PIKKU_REAPER_INTERVAL"
 REAPER_INTERVAL: Final = 10.0
-_RECOVERY_LEASE: Final = 30.0
+#: Renewed after every page of runs: a recovering worker that dies frees it this soon.
+_RECOVERY_LEASE: Final = 10.0
 _POLL: Final = 0.5
 
 #: Replays unsettled runs; calls its argument after every page, and stops when it says False.
@@ -90,11 +91,18 @@ class Upkeep:
 
     def _run(self) -> None:
         self._guarded("adopt the journals of processes that are gone", self.mirror.adopt_orphans)
+        if self._recover is not None:
+            # Its own thread: waiting for a pass that a dead worker held must never
+            # hold up the reaper's passes.
+            threading.Thread(
+                target=self._guarded,
+                args=("recover workflow runs", self.recover_once),
+                name="pikku-recovery",
+                daemon=True,
+            ).start()
         if self.interval > 0:
             # A new worker looks at once, even while the last pass rests.
             self._guarded("run the reaper", lambda: self.reap_once(at_start=True))
-        if self._recover is not None:
-            self._guarded("recover workflow runs", self.recover_once)
         while self.interval > 0 and not self._stop.wait(self.interval):
             self._guarded("run the reaper", self.reap_once)
 

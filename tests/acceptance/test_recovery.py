@@ -15,7 +15,9 @@ from collections import Counter
 from types import ModuleType
 
 import pytest
+import sqlalchemy as sa
 
+from pikku_celery import WorkflowStore
 from pikku_celery.integration.reaper import LOST_ERROR_TYPE
 from tests.acceptance.conftest import Worker, effects, start_worker, wait_until, worker_running
 
@@ -166,6 +168,8 @@ def test_three_workers_starting_together_replay_each_unsettled_run_at_most_twice
         for _ in range(1000)
     ]
     with contextlib.ExitStack() as stack:
+        # Settled at the end, so that no later test's worker recovers them too.
+        stack.callback(_cancel_all, store, workflow.name)
         workers = [
             stack.enter_context(
                 contextlib.contextmanager(start_worker)(shop, "redis", tmp, wait_ready=False)
@@ -187,6 +191,17 @@ def test_three_workers_starting_together_replay_each_unsettled_run_at_most_twice
         [park] = store.list_step_states(run_id)
         assert (park.step_name, park.status) == ("park", "scheduled")
     print(f"\nreplays per run at a fleet start of 3 workers, 1,000 runs: {dict(per_run)}")
+
+
+def _cancel_all(store: WorkflowStore, workflow: str) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE workflow_runs SET status = 'cancelled'"
+                " WHERE workflow = :workflow AND status IN ('running', 'suspended')"
+            ),
+            {"workflow": workflow},
+        )
 
 
 def _replays_settled(worker: Worker, run_ids: set[str], quiet: float = 3.0) -> Counter[str]:

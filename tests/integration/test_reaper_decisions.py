@@ -50,7 +50,7 @@ def _queued(app: Celery) -> list[dict[str, Any]]:
 def _running_on_a_dead_worker(store: WorkflowStore, kind: str) -> tuple[str, str]:
     run_id = store.create_run("checkout", {"args": [], "kwargs": {}}, wire={"type": kind})
     step_id = str(uuid.uuid4())
-    store.schedule_step(run_id, step_id, "charge", "shop.charge", {"args": [1]}, task_id=step_id)
+    store.schedule_step(run_id, step_id, "charge", "reaped.charge", {"args": [1]}, task_id=step_id)
     store.record_attempt(step_id, 1, "running", task_id=step_id, worker="gone@host", pid=4)
     return run_id, step_id
 
@@ -68,7 +68,7 @@ def test_a_workflow_step_of_a_gone_worker_is_dispatched_again_under_the_same_att
     assert [a.step_id for a in report.redispatched] == [step_id]
     assert report.awaiting_redelivery == [] and report.failed == []
     [headers] = _queued(app)
-    assert (headers["id"], headers["task"], headers["retries"]) == (step_id, "shop.charge", 0)
+    assert (headers["id"], headers["task"], headers["retries"]) == (step_id, "reaped.charge", 0)
     assert headers[h.ORCHESTRATED] is True and headers[h.DISPATCH] == [step_id, 1]
     [attempt] = store.get_run_history(run_id)
     assert attempt.status == "lost" and attempt.error is not None
@@ -124,13 +124,13 @@ def test_on_rabbitmq_the_broker_redelivers_and_the_reaper_sends_nothing(
 def test_a_claim_whose_message_never_went_out_is_sent_once(
     app: Celery, store: WorkflowStore
 ) -> None:
-    @app.task(name="shop.charge", shared=False)
+    @app.task(name="reaped.charge", shared=False)
     def charge(order: int) -> int:
         return order
 
     run_id = store.create_run("checkout", {"args": [], "kwargs": {}}, wire={"type": "workflow"})
     step_id = str(uuid.uuid4())
-    assert store.claim_step(run_id, step_id, "charge", "shop.charge", {"args": [7], "kwargs": {}})
+    assert store.claim_step(run_id, step_id, "charge", "reaped.charge", {"args": [7], "kwargs": {}})
     assert _reaper(app, store, claim_grace=60).reap().unsent_sent == []  # not overdue yet
     report = _reaper(app, store, claim_grace=0).reap()
     assert [c.step_id for c in report.unsent_sent] == [step_id]
