@@ -135,3 +135,47 @@ def test_a_worker_that_started_during_a_pass_runs_one_more_after_it(
     run_threads(2, lambda i: (late, later)[i].recover_once(during))
     going.join()
     assert len(calls) == 2  # the pass they found going, and one for both of them
+
+
+class _CountingReaper:
+    """Counts passes: the upkeep's scheduling is what is under test here."""
+
+    reply_timeout = 0.1
+
+    def __init__(self, passes: list[float]) -> None:
+        self.passes = passes
+
+    def reap(self) -> None:
+        self.passes.append(time.monotonic())
+
+
+def test_a_recovery_lease_a_dead_worker_holds_never_holds_up_the_reaper(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    # A worker died mid-recovery: its lease stands until it expires.
+    assert store.take_lease("recovery", "dead:1", ttl=30) is not None
+    passes: list[float] = []
+    recovered: list[str] = []
+    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+
+    def recover(go_on: Callable[[], bool]) -> int:
+        recovered.append("pass")
+        return 0
+
+    upkeep = Upkeep(
+        mirror,
+        lambda: _CountingReaper(passes),  # type: ignore[arg-type,return-value]
+        holder="alive",
+        interval=0.2,
+        recover=recover,
+    )
+    upkeep.note_start()
+    upkeep.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(passes) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(passes) >= 3  # the reaper goes on while recovery waits for the lease
+        assert recovered == []
+    finally:
+        upkeep.stop()
