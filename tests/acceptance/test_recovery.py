@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
+from pikku_celery.integration import control
 from pikku_celery.integration.reaper import LOST_ERROR_TYPE
 from tests.acceptance.conftest import Worker, effects, start_worker, wait_until, worker_running
 
@@ -139,7 +140,10 @@ def test_a_replay_killed_between_claiming_a_step_and_sending_it_is_finished(
     }
     with worker_running(shop, "redis", tmp, extra_env=env) as worker:
         run_id = shop.recoverable.start(tag, 0.2)
-        run = worker.wait_for_run(run_id, timeout=45)
+        try:
+            run = worker.wait_for_run(run_id, timeout=45)
+        except AssertionError as exc:
+            raise AssertionError(f"{_claims_seen(shop)}\n{exc}") from None
         assert run.status == "completed"
         log = worker.log.read_text()
         # The replay's pool process died at the crash point (Celery saw it SIGKILLed)...
@@ -149,6 +153,16 @@ def test_a_replay_killed_between_claiming_a_step_and_sending_it_is_finished(
         _each_step_once(worker, tag)
         _nothing_left_open(worker, run_id)
         assert _starts(worker, tag) == 1
+
+
+def _claims_seen(shop: ModuleType) -> str:
+    """What the reaper would see of unsent claims now: for a failure's message."""
+    store = shop.pikku.store
+    claims = store.unsent_claims(older_than=0)
+    view = control.ask(shop.app, [c.step_id for c in claims], 1.0)
+    with store.engine.connect() as conn:
+        leases = conn.execute(sa.text("SELECT * FROM pikku_celery_leases")).all()
+    return f"unsent claims {claims}; workers {view}; leases {leases}; now {time.time()}"
 
 
 def test_three_workers_starting_together_replay_each_unsettled_run_at_most_twice(
