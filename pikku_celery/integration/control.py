@@ -26,6 +26,8 @@ from pikku_celery.store.journal import journaled_steps
 __all__ = ["HELD_COMMAND", "ClusterView", "ask", "register", "worker_started"]
 
 HELD_COMMAND: Final = "pikku_held"
+_READ_SLACK: Final = 5.0
+_CONNECT: Final = 5.0
 
 _started: list[float] = [time.time()]
 
@@ -65,9 +67,18 @@ def register(journal_folders: Callable[[Celery], Iterable[Path]]) -> None:
 def ask(app: Celery, task_ids: list[str], timeout: float) -> ClusterView:
     """One broadcast; a worker that does not answer within ``timeout`` is not in the view."""
     view = ClusterView()
-    replies = app.control.broadcast(
-        HELD_COMMAND, arguments={"ids": task_ids}, reply=True, timeout=timeout
-    )
+    # A connection of its own, with a socket timeout: a pooled Redis connection used
+    # from this thread could be left with a blocking read that never returns (seen
+    # as a reaper pass hung for good), and no read may outlast the broadcast by much.
+    bounded = {"socket_timeout": timeout + _READ_SLACK, "socket_connect_timeout": _CONNECT}
+    with app.connection_for_write(transport_options=bounded) as connection:
+        replies = app.control.broadcast(
+            HELD_COMMAND,
+            arguments={"ids": task_ids},
+            reply=True,
+            timeout=timeout,
+            connection=connection,
+        )
     for reply in replies or ():
         for nodename, answer in reply.items():
             if not isinstance(answer, dict) or "held" not in answer:
