@@ -38,6 +38,7 @@ REAPER_INTERVAL: Final = 10.0
 #: Renewed after every page of runs: a recovering worker that dies frees it this soon.
 _RECOVERY_LEASE: Final = 10.0
 _POLL: Final = 0.5
+_RETRY_RECOVERY: Final = 5.0
 
 #: Replays unsettled runs; calls its argument after every page, and stops when it says False.
 Recover = Callable[[Callable[[], bool]], int]
@@ -95,10 +96,7 @@ class Upkeep:
             # Its own thread: waiting for a pass that a dead worker held must never
             # hold up the reaper's passes.
             threading.Thread(
-                target=self._guarded,
-                args=("recover workflow runs", self.recover_once),
-                name="pikku-recovery",
-                daemon=True,
+                target=self._recover_until_done, name="pikku-recovery", daemon=True
             ).start()
         if self.interval > 0:
             # A new worker looks at once, even while the last pass rests.
@@ -106,15 +104,30 @@ class Upkeep:
         while self.interval > 0 and not self._stop.wait(self.interval):
             self._guarded("run the reaper", self.reap_once)
 
-    def _guarded(self, what: str, job: Callable[[], object]) -> None:
+    def _guarded(self, what: str, job: Callable[[], object]) -> bool:
         try:
             job()
         except Exception:
             logger.exception(
-                "pikku-celery could not %s; it tries again at the next interval",
+                "pikku-celery could not %s; it tries again in a few seconds",
                 what,
                 extra={"action": "upkeep_failed"},
             )
+            return False
+        return True
+
+    def _recover_until_done(self) -> None:
+        """Recovery, tried again while it fails (the database away when the worker started)."""
+        failed = False
+        while not self._stop.is_set():
+            if self._guarded("recover workflow runs", functools.partial(self._recover_now, failed)):
+                return
+            failed = True
+            self._stop.wait(_RETRY_RECOVERY)
+
+    def _recover_now(self, after_failure: bool) -> None:
+        # After a failure only a pass begun from now on counts: the failed one covered nothing.
+        self.recover_once(self.mirror.store.lease_clock() if after_failure else None)
 
     # --- the reaper ------------------------------------------------------------------
 

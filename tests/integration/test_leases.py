@@ -7,7 +7,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from pikku_celery import WorkflowStore
+from pikku_celery.integration import upkeep as upkeep_module
 from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper
 from pikku_celery.integration.upkeep import Recover, Upkeep
@@ -177,5 +180,31 @@ def test_a_recovery_lease_a_dead_worker_holds_never_holds_up_the_reaper(
             time.sleep(0.05)
         assert len(passes) >= 3  # the reaper goes on while recovery waits for the lease
         assert recovered == []
+    finally:
+        upkeep.stop()
+
+
+def test_a_recovery_that_fails_is_tried_again_until_it_is_done(
+    store: WorkflowStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(upkeep_module, "_RETRY_RECOVERY", 0.05)
+    attempts: list[int] = []
+
+    def recover(go_on: Callable[[], bool]) -> int:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("the database is away")  # as at a start during an outage
+        return 0
+
+    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+    upkeep = Upkeep(mirror, _no_reaper, holder="w", interval=0, recover=recover)
+    upkeep.note_start()
+    upkeep.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(attempts) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        assert len(attempts) == 2  # failed once, then done: not tried a third time
     finally:
         upkeep.stop()
