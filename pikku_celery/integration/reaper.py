@@ -38,6 +38,7 @@ once move each attempt once; attempts on live workers are never touched.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -183,13 +184,10 @@ class Reaper:
         self.claim_grace = claim_grace
         self.reply_timeout = reply_timeout
         self.replay = replay
-        self._visibility: tuple[float | None] | None = None
 
-    @property
+    @functools.cached_property
     def visibility_timeout(self) -> float | None:
-        if self._visibility is None:
-            self._visibility = (visibility_timeout(self.app),)
-        return self._visibility[0]
+        return visibility_timeout(self.app)
 
     @property
     def redelivery_grace(self) -> float:
@@ -278,11 +276,12 @@ class Reaper:
         if task_id in view.held and not gone.over_deadline:
             return
         redispatch = gone.redeliver and gone.whole_worker and self._may_redispatch(attempt)
+        due = self._redelivery_due(attempt, gone)
         then = (
             "It is dispatched again now (a workflow step that already succeeded answers a late "
             "duplicate with its stored result)."
             if redispatch
-            else self._redelivery_note(attempt, gone)
+            else self._redelivery_note(attempt, due)
             if gone.redeliver
             else "Celery will not deliver it again."
         )
@@ -300,7 +299,6 @@ class Reaper:
             "redispatched": redispatch,
             "step": attempt.step_name,
         }
-        due = self._redelivery_due(attempt, gone)
         if due is not None and not redispatch:
             error["redelivery_due_at"] = due.isoformat()
         moved = self.store.mark_lost(
@@ -361,8 +359,7 @@ class Reaper:
         began = attempt.running_at or dt.datetime.now(dt.timezone.utc)
         return began + dt.timedelta(seconds=self.visibility_timeout)
 
-    def _redelivery_note(self, attempt: OpenAttempt, gone: _Gone) -> str:
-        due = self._redelivery_due(attempt, gone)
+    def _redelivery_note(self, attempt: OpenAttempt, due: dt.datetime | None) -> str:
         if due is None:
             return "Celery will deliver the task again; the redelivery continues this attempt."
         kind = (

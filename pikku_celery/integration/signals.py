@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from celery import current_task, signals
@@ -76,7 +77,7 @@ def _isolated(handler: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def _journal_folders(app: Any) -> list[Any]:
+def _journal_folders(app: Any) -> list[Path]:
     pikku = registry.get(id(app))
     return [] if pikku is None else [pikku.mirror.journal_folder]
 

@@ -64,6 +64,7 @@ class Upkeep:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._began: float | None = None
+        self._made_reaper: Reaper | None = None  # one for every pass: it keeps what it looked up
 
     def note_start(self) -> None:
         """When the worker process starts: any recovery pass begun after now covers it.
@@ -134,7 +135,9 @@ class Upkeep:
     def reap_once(self, *, at_start: bool = False) -> ReapReport | None:
         """One pass if this worker gets the cluster's turn; None when another has it."""
         store = self.mirror.store
-        reaper = self._reaper()
+        if self._made_reaper is None:
+            self._made_reaper = self._reaper()
+        reaper = self._made_reaper
         # A holder that dies mid-pass blocks the others for about one interval at most.
         ttl = max(self.interval * 0.9, reaper.reply_timeout + 1.0)
         taken = store.take_lease("reaper", self.holder, ttl, over_resting=at_start)

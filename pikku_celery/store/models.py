@@ -259,6 +259,19 @@ def run_kind(wire: Any) -> str:
     return str(wire.get("type", "task")) if isinstance(wire, dict) else "task"
 
 
+def _step_to_send(row: Mapping[Any, Any]) -> dict[str, Any]:
+    """The fields of a step the reaper may send again (``reap_queries._step_to_send``)."""
+    return {
+        "run_id": row["workflow_run_id"],
+        "run_kind": run_kind(row["wire"]),
+        "step_id": row["workflow_step_id"],
+        "step_name": row["step_name"],
+        "rpc_name": row["rpc_name"],
+        "data": row["data"],
+        "attempt": row["attempt"],
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class OpenAttempt:
     """A step's current attempt that is ``running`` or ``lost``: what the reaper looks at."""
@@ -283,14 +296,8 @@ class OpenAttempt:
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> OpenAttempt:
         return cls(
-            run_id=row["workflow_run_id"],
-            run_kind=run_kind(row["wire"]),
-            step_id=row["workflow_step_id"],
-            step_name=row["step_name"],
-            rpc_name=row["rpc_name"],
-            data=row["data"],
+            **_step_to_send(row),
             retries=row["retries"],
-            attempt=row["attempt"],
             status=row["status"],
             task_id=row["task_id"],
             worker=row["worker"],
@@ -317,16 +324,7 @@ class UnsentClaim:
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> UnsentClaim:
-        return cls(
-            run_id=row["workflow_run_id"],
-            run_kind=run_kind(row["wire"]),
-            step_id=row["workflow_step_id"],
-            step_name=row["step_name"],
-            rpc_name=row["rpc_name"],
-            data=row["data"],
-            attempt=row["attempt"],
-            scheduled_at=row["scheduled_at"],
-        )
+        return cls(**_step_to_send(row), scheduled_at=row["scheduled_at"])
 
 
 @dataclass(frozen=True, slots=True)
