@@ -84,6 +84,8 @@ def test_a_pool_process_killed_before_its_journal_is_flushed_loses_nothing(
             f"{worker.store.get_run_history(result.id)}",
         )
         took = time.monotonic() - started
+        # The adopter logs what it wrote just after its COMMIT: wait for that line too.
+        wait_until(lambda: "left in" in worker.log.read_text(), timeout=10, what="the log")
         log = worker.log.read_text()
     [attempt] = worker.store.get_run_history(result.id)
     assert attempt.delivery_count == 1  # its start, once
