@@ -14,12 +14,16 @@
     │   │   ├── StepNotFound
     │   │   └── VersionNotFound
     │   ├── StepAlreadyExists       (run, step name) is taken
+    │   ├── RunIdTaken              a start's run id belongs to a run of another workflow
+    │   ├── RunSettled              an event sent to a run that has ended
     │   ├── InvalidStatus           a status outside the allowed set
     │   ├── SchemaNotCurrent        the database schema is behind the code
     │   ├── StoreUnavailable        the database cannot be reached (transient)
     │   └── StoreConflict           rolled back for a concurrent transaction (transient)
     └── WorkflowError               a durable workflow could not go on
         ├── StepFailed              a step failed for good (raised at its ctx.do)
+        │   └── EventTimeout        ctx.wait_for(): no event came in time
+        ├── NotInAStep              current_step() outside a step
         ├── StepMismatch            a replay asked a recorded step for another task
         ├── VersionConflict         a run started by one version replayed by another
         ├── NotAWorkflowRun         resume/rerun of a run that is not a durable workflow
@@ -147,6 +151,32 @@ class StepAlreadyExists(StoreError):
         )
 
 
+class RunIdTaken(StoreError):
+    """A start asked for a run id that a run of another workflow has."""
+
+    def __init__(self, run_id: str, workflow: str, existing: str) -> None:
+        self.run_id = run_id
+        self.workflow = workflow
+        self.existing = existing
+        super().__init__(
+            f"Run id {run_id!r} belongs to a run of workflow {existing!r}, not {workflow!r}; "
+            "give this start another run_id (or idempotency_key): a key is unique across "
+            "workflows."
+        )
+
+
+class RunSettled(StoreError):
+    """An event was sent to a run that has ended."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        self.run_id = run_id
+        self.status = status
+        super().__init__(
+            f"Run {run_id!r} is {status}, so no wait of it can take an event any more; send "
+            "it to a running or suspended run, or resume/rerun this one first."
+        )
+
+
 class InvalidStatus(StoreError, ValueError):
     """A status outside the allowed set was given."""
 
@@ -186,6 +216,37 @@ class StepFailed(WorkflowError):
             f"Step {step_name!r} failed for good ({kind + ': ' if kind else ''}{detail}); "
             "catch StepFailed in the workflow to compensate, or fix the cause and "
             "`pikku.resume(run_id)`."
+        )
+
+
+class EventTimeout(StepFailed):
+    """``ctx.wait_for`` gave up: no event of its name came in time. Catch it to go on."""
+
+    code = "EVENT_TIMEOUT"
+
+    def __init__(self, step_name: str, event: str, timeout: float) -> None:
+        self.event = event
+        self.timeout = timeout
+        super().__init__(
+            step_name,
+            {
+                "type": "pikku_celery.EventTimeout",
+                "code": self.code,
+                "message": f"no {event!r} event came within {timeout:g}s",
+                "event": event,
+                "timeout": timeout,
+            },
+        )
+
+
+class NotInAStep(WorkflowError):
+    """``current_step()`` was called outside a mirrored step."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "current_step() is only known inside a step: a @pikku.step task (or a "
+            "WorkflowTask, or any task under mirror='all') while it runs, or an inline step "
+            "of ctx.do; call it from there."
         )
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "mirror_deliveries",
     "parse_timestamp",
     "read_flag",
+    "run_events",
     "sqlite_flag",
     "workflow_runs",
     "workflow_step",
@@ -375,4 +376,26 @@ leases = sa.Table(
     sa.Column("generation", sa.Integer, nullable=False),
     sa.Column("taken_at", sa.Float, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=False),
+)
+
+# Not one of Pikku's tables: events sent to a run (``pikku.send``). An event is
+# kept until a ``ctx.wait_for`` of its name takes it (``taken_by_step_id``), so
+# one sent before the workflow reaches its wait is not lost, and each event is
+# taken by exactly one wait.
+run_events = sa.Table(
+    "pikku_celery_run_events",
+    metadata,
+    sa.Column("event_id", sa.Text, primary_key=True),
+    sa.Column(
+        "workflow_run_id",
+        sa.Text,
+        sa.ForeignKey("workflow_runs.workflow_run_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("data", JsonText),
+    sa.Column("sent_at", UtcDateTime, nullable=False),
+    sa.Column("taken_by_step_id", sa.Text),
+    sa.Column("taken_at", UtcDateTime),
+    sa.Index("idx_pikku_celery_run_events_run_name", "workflow_run_id", "name", "sent_at"),
 )

@@ -33,6 +33,7 @@ TABLES = (
     "workflow_versions",
     "workflow_runs",
     "pikku_celery_leases",
+    "pikku_celery_run_events",
 )
 
 

@@ -189,8 +189,17 @@ class PikkuCelery:
         return self.workflows.rerun(run_id, from_step)
 
     def cancel(self, run_id: str) -> list[str]:
-        """Cancel the run; its scheduled and running steps are revoked."""
+        """Cancel the run and its unfinished child runs; its running steps are revoked."""
         return self.workflows.cancel(run_id)
+
+    def send(self, run_id: str, name: str, data: Any = None) -> str:
+        """Send an event to a run's ``ctx.wait_for(name)``; returns the event's id.
+
+        The event is kept until a wait of that name takes it, so it may be sent
+        before the workflow reaches its wait. Raises ``RunNotFound`` for an
+        unknown run and ``RunSettled`` for one that has ended.
+        """
+        return self.workflows.send(run_id, name, data)
 
     # --- the stuck-attempt reaper ------------------------------------------------------
 

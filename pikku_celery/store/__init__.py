@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pikku_celery.store.models import (
     OpenAttempt,
+    RunEvent,
     StaleStep,
     StepAttempt,
     StepState,
@@ -16,6 +17,7 @@ from pikku_celery.store.workflow_store import UNSET, WorkflowStore
 __all__ = [
     "UNSET",
     "OpenAttempt",
+    "RunEvent",
     "StaleStep",
     "StepAttempt",
     "StepState",

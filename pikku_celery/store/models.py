@@ -13,10 +13,14 @@ from pikku_celery.errors import InvalidDuration
 
 __all__ = [
     "ATTEMPT_STATUSES",
+    "CHILD_RPC_PREFIX",
     "RUN_STATUSES",
     "SETTLED_RUN_STATUSES",
+    "SLEEP_RPC",
     "STEP_STATUSES",
+    "WAIT_RPC",
     "OpenAttempt",
+    "RunEvent",
     "RunStatus",
     "StaleStep",
     "StepAttempt",
@@ -30,6 +34,12 @@ __all__ = [
 
 RunStatus = Literal["running", "suspended", "completed", "failed", "cancelled"]
 StepStatus = Literal["pending", "scheduled", "running", "lost", "succeeded", "failed", "cancelled"]
+
+# The task names recorded for the steps a workflow takes without a task of its own;
+# the reaper leaves them alone (nothing of theirs is held by a worker).
+SLEEP_RPC: Final = "pikku.sleep"
+WAIT_RPC: Final = "pikku.wait"
+CHILD_RPC_PREFIX: Final = "pikku.workflow:"
 
 RUN_STATUSES: Final = frozenset({"running", "suspended", "completed", "failed", "cancelled"})
 SETTLED_RUN_STATUSES: Final = frozenset({"completed", "failed", "cancelled"})
@@ -349,4 +359,29 @@ class StaleStep:
             attempt=row["attempt"],
             scheduled_at=row["scheduled_at"],
             eta=row["eta"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """An event sent to a run; ``taken_by_step_id`` is the wait that took it, if one has."""
+
+    event_id: str
+    run_id: str
+    name: str
+    data: Any
+    sent_at: dt.datetime
+    taken_by_step_id: str | None
+    taken_at: dt.datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> RunEvent:
+        return cls(
+            event_id=row["event_id"],
+            run_id=row["workflow_run_id"],
+            name=row["name"],
+            data=row["data"],
+            sent_at=row["sent_at"],
+            taken_by_step_id=row["taken_by_step_id"],
+            taken_at=row["taken_at"],
         )

@@ -14,11 +14,13 @@ import sqlalchemy as sa
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
+from pikku_celery.store.models import WAIT_RPC
 
 __all__ = [
     "give_up_step",
     "lose_attempt",
     "lose_step",
+    "not_a_wait",
     "open_attempts",
     "retake_lost",
     "retake_unsent",
@@ -33,6 +35,10 @@ _current = sa.and_(
     history.c.workflow_step_id == steps.c.workflow_step_id,
     history.c.attempt == sa.func.coalesce(steps.c.current_attempt, 1),
 )
+
+# A wait for an event is scheduled until the event comes, however long: it has no
+# message to be late or unsent.
+not_a_wait: Final = sa.func.coalesce(steps.c.rpc_name, "") != WAIT_RPC
 
 # What the reaper needs of a step to send it again: its run, its task and its call.
 _step_to_send: Final = (
@@ -65,6 +71,8 @@ open_attempts: Final = (
         steps.c.status.in_(("running", "lost")),
         history.c.status.in_(("running", "lost")),
         steps.c.updated_at < P("before"),
+        # A child workflow's step runs as long as its child run: no worker holds it.
+        steps.c.child_run_id.is_(None),
     )
     .order_by(steps.c.updated_at)
     .limit(P("limit"))
@@ -84,6 +92,7 @@ stale_scheduled: Final = (
     .where(
         steps.c.status == "scheduled",
         steps.c.updated_at < P("before"),
+        not_a_wait,
         # A message held back on purpose (countdown, ETA) is not late until then.
         sa.or_(history.c.eta.is_(None), history.c.eta < P("before")),
     )
@@ -137,6 +146,7 @@ unsent_claims: Final = (
         history.c.status == "scheduled",
         history.c.task_id.is_(None),
         steps.c.rpc_name.is_not(None),
+        not_a_wait,
         history.c.scheduled_at < P("before"),
     )
     .order_by(history.c.scheduled_at)

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
+from pikku_celery.store.reap_queries import not_a_wait
 
 __all__ = [
     "attempt_counts",
@@ -74,6 +75,7 @@ def _count_where(condition: sa.ColumnElement[bool]) -> sa.ColumnElement[int]:
 _stale_scheduled = sa.and_(
     steps.c.status == "scheduled",
     steps.c.updated_at < P("before"),
+    not_a_wait,
     sa.or_(history.c.eta.is_(None), history.c.eta < P("before")),
 )
 

@@ -27,7 +27,6 @@ from pikku_celery.store.base import UNSET, ErrorLike, StoreBase, _Unset, check_p
 from pikku_celery.store.base import new_id as _new_id
 from pikku_celery.store.base import now as _now
 from pikku_celery.store.batch_writes import BatchWrites
-from pikku_celery.store.claim_writes import ClaimWrites
 from pikku_celery.store.leases import LeaseWrites
 from pikku_celery.store.models import (
     RUN_STATUSES,
@@ -39,6 +38,7 @@ from pikku_celery.store.models import (
 from pikku_celery.store.prune import StorePrune
 from pikku_celery.store.reap import StoreReap
 from pikku_celery.store.stats import StoreStats
+from pikku_celery.store.workflow_writes import WorkflowWrites
 
 __all__ = ["UNSET", "WorkflowStore"]
 
@@ -48,7 +48,7 @@ _VERSION_STATUSES: Final = frozenset({"draft", "active", "declined"})
 
 
 class WorkflowStore(
-    ClaimWrites, BatchWrites, LeaseWrites, StoreReap, StoreStats, StorePrune, StoreBase
+    WorkflowWrites, BatchWrites, LeaseWrites, StoreReap, StoreStats, StorePrune, StoreBase
 ):
     """Reads and writes workflow runs, steps and attempts in one SQL database.
 

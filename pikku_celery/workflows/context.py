@@ -13,15 +13,20 @@ import uuid
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any, Protocol
 
-from pikku_celery.errors import ConfigurationError, StepFailed, StepMismatch
+from pikku_celery.errors import ConfigurationError, EventTimeout, StepFailed, StepMismatch
+from pikku_celery.integration.step_info import StepInfo, idempotency_key, inline_step
 from pikku_celery.store import StepState, WorkflowStore
 from pikku_celery.store.codec import error_document
+from pikku_celery.store.models import CHILD_RPC_PREFIX, SLEEP_RPC, WAIT_RPC
+from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.faults import crash_point
+from pikku_celery.workflows.reopen import reopen
 
-__all__ = ["SLEEP", "Dispatcher", "RunState", "Suspend", "WorkflowContext"]
+__all__ = ["SLEEP", "WAIT", "Dispatcher", "RunState", "Suspend", "WorkflowContext"]
 
-#: The task name recorded for a durable sleep.
-SLEEP = "pikku.sleep"
+#: The task names recorded for a durable sleep and for a wait for an event.
+SLEEP = SLEEP_RPC
+WAIT = WAIT_RPC
 _IN_FLIGHT = object()
 
 
@@ -44,6 +49,8 @@ class Dispatcher(Protocol):
     ) -> None: ...
 
     def wake(self, run_id: str, step_id: str, attempt: int, at: dt.datetime) -> None: ...
+
+    def orchestrate(self, run_id: str, at: dt.datetime | None = None) -> None: ...
 
 
 class RunState(MutableMapping[str, Any]):
@@ -95,6 +102,7 @@ class WorkflowContext:
         self._dispatcher = dispatcher
         self._seen: dict[str, int] = {}
         self._previous: str | None = None
+        self._previous_id: str | None = None
 
     # --- the workflow's API -----------------------------------------------------
 
@@ -110,6 +118,85 @@ class WorkflowContext:
         if value is _IN_FLIGHT:
             raise Suspend
         return value
+
+    def wait_for(self, name: str, *, timeout: float | None = None) -> Any:
+        """Suspend the run until an event ``name`` is sent to it; returns the event's data.
+
+        ``pikku.send(run_id, name, data)`` (or ``pikku-celery runs send``, or the
+        dashboard) sends one. An event sent before the run gets here is kept and
+        taken now; each event is taken by one wait, oldest first. After
+        ``timeout`` seconds with no event, :class:`EventTimeout` is raised here
+        (catch it to go on); the deadline is durable, like ``ctx.sleep``.
+        """
+        if timeout is not None and timeout < 0:
+            raise ConfigurationError(f"wait_for({name!r}) needs a timeout of 0 or more seconds.")
+        key = self._key(name)
+        step = self._steps.get(key)
+        previous, self._previous = self._previous, key
+        now = dt.datetime.now(dt.timezone.utc)
+        if step is None:
+            deadline = None if timeout is None else now + dt.timedelta(seconds=timeout)
+            step_id = str(uuid.uuid4())
+            data: dict[str, Any] = {
+                "event": name,
+                "timeout": timeout,
+                "deadline": None if deadline is None else deadline.isoformat(),
+            }
+            if self._store.claim_step(
+                self.run_id, step_id, key, WAIT, data, from_step_name=previous
+            ):
+                if deadline is not None:
+                    self._dispatcher.orchestrate(self.run_id, at=deadline)
+            attempt = 1
+        else:
+            self._check_task(key, step, WAIT)
+            step_id, attempt, data = step.step_id, step.attempt_count, dict(step.data or {})
+            if step.status == "succeeded":
+                self._previous_id = step_id
+                return step.result
+            if step.status in ("failed", "cancelled"):
+                raise self._wait_failed(key, step)
+            if step.status == "pending":  # made pending again by a resume or rerun: wait anew
+                deadline = None if timeout is None else now + dt.timedelta(seconds=timeout)
+                data["deadline"] = None if deadline is None else deadline.isoformat()
+                if self._store.restart_wait(step_id, attempt, data) and deadline is not None:
+                    self._dispatcher.orchestrate(self.run_id, at=deadline)
+                else:  # another replay restarted it: its deadline counts
+                    data = dict(self._store.get_step(step_id).data or {})
+        self._previous_id = step_id
+        taken, value = self._store.take_event(self.run_id, step_id, attempt, name)
+        if taken:
+            return value
+        deadline_text = data.get("deadline")
+        if isinstance(deadline_text, str) and now >= dt.datetime.fromisoformat(deadline_text):
+            timed_out = EventTimeout(key, name, float(data.get("timeout") or 0))
+            if self._store.time_out_wait(step_id, attempt, timed_out.error):
+                raise timed_out
+            won = self._store.get_step(step_id)  # an event came first: it stands
+            if won.status == "succeeded":
+                return won.result
+        self.sleeping = True
+        raise Suspend
+
+    def branch(self, key: str) -> str:
+        """Record ``key`` as the branch the workflow takes after its last step; returns it.
+
+        Shown with that step in ``runs show`` and the dashboard (``branch_taken``).
+        """
+        if not isinstance(key, str) or not key:
+            raise ConfigurationError("ctx.branch(key) takes the branch's name, a non-empty str.")
+        if self._previous_id is None:
+            raise ConfigurationError(
+                f"ctx.branch({key!r}) names the branch taken after a step; call it after "
+                "the ctx.do(...) whose result decides it."
+            )
+        recorded = next(
+            (s.branch_taken for s in self._steps.values() if s.step_id == self._previous_id),
+            None,
+        )
+        if recorded != key:  # a replay taking the branch it took before: no write
+            self._store.set_branch_taken(self._previous_id, key)
+        return key
 
     def do_all(self, calls: Sequence[Sequence[Any]]) -> list[Any]:
         """Steps in parallel: ``[(name, fn, *args), ...]``; returns their results in order.
@@ -143,6 +230,7 @@ class WorkflowContext:
         if step is None:
             wake_at = now + dt.timedelta(seconds=seconds)
             step_id = str(uuid.uuid4())
+            self._previous_id = step_id
             if self._store.claim_step(
                 self.run_id,
                 step_id,
@@ -155,6 +243,7 @@ class WorkflowContext:
                 self._dispatcher.wake(self.run_id, step_id, 1, wake_at)
             self.sleeping = True
             raise Suspend
+        self._previous_id = step.step_id
         self._check_task(key, step, SLEEP)
         if step.status == "succeeded":
             return
@@ -187,6 +276,13 @@ class WorkflowContext:
         if step.rpc_name != expected:
             raise StepMismatch(key, step.rpc_name, expected)
 
+    @staticmethod
+    def _wait_failed(key: str, step: StepState) -> StepFailed:
+        error = dict(step.error or {})
+        if error.get("code") == EventTimeout.code:
+            return EventTimeout(key, str(error.get("event")), float(error.get("timeout") or 0))
+        return StepFailed(key, error)
+
     def _resolve(
         self,
         key: str,
@@ -195,6 +291,8 @@ class WorkflowContext:
         kwargs: dict[str, Any],
         previous: str | None,
     ) -> Any:
+        if isinstance(fn, Workflow):
+            return self._child_step(key, fn, args, kwargs, previous)
         if _is_task(fn):
             return self._task_step(key, fn, args, kwargs, previous)
         if callable(fn):
@@ -221,6 +319,7 @@ class WorkflowContext:
         step = self._steps.get(key)
         if step is None:
             step_id = str(uuid.uuid4())
+            self._previous_id = step_id
             if self._store.claim_step(
                 self.run_id,
                 step_id,
@@ -236,6 +335,7 @@ class WorkflowContext:
                 crash_point("after_claim", key)
                 self._dispatcher.step(self.run_id, step_id, key, task, args, kwargs, 1)
             return _IN_FLIGHT
+        self._previous_id = step.step_id
         self._check_task(key, step, task.name)
         if step.status == "succeeded":
             return step.result
@@ -259,23 +359,29 @@ class WorkflowContext:
     ) -> Any:
         step = self._steps.get(key)
         if step is not None:
+            self._previous_id = step.step_id
             self._check_task(key, step, None)
             if step.status == "succeeded":
                 return step.result
             if step.status in ("failed", "cancelled"):
                 raise StepFailed(key, step.error)
+        step_id = step.step_id if step is not None else str(uuid.uuid4())
+        attempt = step.attempt_count if step is not None else 1
         started = dt.datetime.now(dt.timezone.utc)
         error: dict[str, Any] | None = None
         value: Any = None
+        token = inline_step.set(StepInfo(self.run_id, step_id, key, attempt))
         try:
             value = fn(*args, **kwargs)
         except Exception as exc:
             error = error_document(exc)
+        finally:
+            inline_step.reset(token)
         status = "failed" if error else "succeeded"
         if step is None:
             claimed = self._store.claim_step(
                 self.run_id,
-                str(uuid.uuid4()),
+                step_id,
                 key,
                 None,
                 None,
@@ -287,9 +393,11 @@ class WorkflowContext:
             )
             if not claimed:  # a concurrent replay recorded it first: its outcome stands
                 won = self._store.get_step_state(self.run_id, key)
+                self._previous_id = won.step_id
                 if won.status == "failed":
                     raise StepFailed(key, won.error)
                 return won.result
+            self._previous_id = step_id
         else:  # pending again after a resume or rerun: a new attempt of the same step
             self._store.record_attempt(
                 step.step_id, step.attempt_count, status, result=value, error=error
@@ -297,3 +405,51 @@ class WorkflowContext:
         if error is not None:
             raise StepFailed(key, error)
         return value
+
+    def _child_step(
+        self,
+        key: str,
+        child: Workflow,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        previous: str | None,
+    ) -> Any:
+        """A child workflow: its own run, started once; the step ends as the child ends."""
+        rpc_name = CHILD_RPC_PREFIX + child.name
+        # Derived from the parent and the step, so no replay can make a second child.
+        child_run_id = idempotency_key(self.run_id, key)
+        step = self._steps.get(key)
+        if step is None:
+            step_id = str(uuid.uuid4())
+            self._previous_id = step_id
+            self._store.upsert_workflow_version(child.name, child.version, child.graph, "python")
+            if self._store.start_child(
+                self.run_id,
+                step_id,
+                key,
+                rpc_name,
+                {"args": list(args), "kwargs": kwargs},
+                child_run_id=child_run_id,
+                child_workflow=child.name,
+                graph_hash=child.version,
+                from_step_name=previous,
+            ):
+                self._dispatcher.orchestrate(child_run_id)
+            return _IN_FLIGHT
+        self._previous_id = step.step_id
+        self._check_task(key, step, rpc_name)
+        if step.status == "succeeded":
+            return step.result
+        if step.status in ("failed", "cancelled"):
+            raise StepFailed(key, step.error)
+        if step.status == "pending" and self._store.take_pending_step(
+            step.step_id, step.attempt_count
+        ):
+            # The parent was resumed or rerun: its child goes on from where it ended.
+            child_id = step.child_run_id or child_run_id
+            reopen(self._store, child_id, rerun_completed=True)
+            self._store.record_attempt(
+                step.step_id, step.attempt_count, "running", task_id=child_id
+            )
+            self._dispatcher.orchestrate(child_id)
+        return _IN_FLIGHT

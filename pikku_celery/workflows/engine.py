@@ -26,9 +26,10 @@ from pikku_celery.errors import (
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.task import as_task_function
 from pikku_celery.store import WorkflowRun, WorkflowStore
-from pikku_celery.workflows.context import SLEEP
+from pikku_celery.store.workflow_writes import child_error
 from pikku_celery.workflows.definition import Workflow, code_version
-from pikku_celery.workflows.replay import Outcome, replay
+from pikku_celery.workflows.reopen import reopen
+from pikku_celery.workflows.replay import Outcome, parent_of, replay
 
 if TYPE_CHECKING:
     from pikku_celery.integration.mirror import CeleryMirror
@@ -82,8 +83,8 @@ class CeleryDispatcher:
             WAKE_TASK, (run_id, step_id, attempt), eta=at, headers={h.DISPATCH: [step_id, attempt]}
         )
 
-    def orchestrate(self, run_id: str) -> None:
-        self.app.send_task(ORCHESTRATE_TASK, (run_id,))
+    def orchestrate(self, run_id: str, at: dt.datetime | None = None) -> None:
+        self.app.send_task(ORCHESTRATE_TASK, (run_id,), eta=at)
 
 
 class WorkflowEngine:
@@ -130,15 +131,28 @@ class WorkflowEngine:
         self.workflows[name] = workflow
         return workflow
 
-    def _start(self, workflow: Workflow, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    def _start(
+        self,
+        workflow: Workflow,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        run_id: str | None = None,
+    ) -> str:
         store = self.store
         store.upsert_workflow_version(workflow.name, workflow.version, workflow.graph, "python")
-        run_id = store.create_run(
+        call = {"args": list(args), "kwargs": kwargs}
+        if run_id is None:
+            run_id = store.create_run(
+                workflow.name, call, graph_hash=workflow.version, wire={"type": "workflow"}
+            )
+        elif not store.start_run(
             workflow.name,
-            {"args": list(args), "kwargs": kwargs},
+            call,
+            run_id=run_id,
             graph_hash=workflow.version,
             wire={"type": "workflow"},
-        )
+        ):
+            return run_id  # started before (a retried request): that run is the answer
         self.dispatcher.orchestrate(run_id)
         return run_id
 
@@ -158,6 +172,7 @@ class WorkflowEngine:
         return outcome
 
     def _wake(self, run_id: str, step_id: str, attempt: int) -> None:
+        # A durable sleep's wake-up (a wait's timeout is a plain replay at its deadline).
         self.store.record_attempt(step_id, attempt, "succeeded")
         self.dispatcher.orchestrate(run_id)
 
@@ -227,56 +242,33 @@ class WorkflowEngine:
 
     def resume(self, run_id: str) -> list[str]:
         """New attempts for the run's failed steps; the rest is kept. Returns their names."""
-        store = self.store
         run = self._workflow_run(run_id)
         if run.status == "completed":
             return []
-        again = [s for s in store.list_step_states(run_id) if s.status in ("failed", "cancelled")]
-        with store.transaction() as conn:
-            for step in again:
-                store.create_retry_attempt(step.step_id, "pending", reason="resume", conn=conn)
-            store.move_run(
-                run_id,
-                "running",
-                from_statuses=("failed", "cancelled", "suspended", "running"),
-                conn=conn,
-            )
+        again = reopen(self.store, run_id)
         self.dispatcher.orchestrate(run_id)
-        return [step.step_name for step in again]
+        return again
 
     def rerun(self, run_id: str, from_step: str) -> list[str]:
         """New attempts for ``from_step`` and every step after it. Returns their names."""
-        store = self.store
         self._workflow_run(run_id)
-        steps = store.list_step_states(run_id)
-        names = [step.step_name for step in steps]
-        if from_step not in names:
-            raise StepNotFound(
-                run_id=run_id,
-                step_name=from_step,
-                hint=f"the run's steps are {', '.join(names) or 'none yet'}",
-            )
-        again = steps[names.index(from_step) :]
-        with store.transaction() as conn:
-            for step in again:
-                store.create_retry_attempt(step.step_id, "pending", reason="rerun", conn=conn)
-            store.move_run(
-                run_id,
-                "running",
-                from_statuses=("completed", "failed", "cancelled", "suspended", "running"),
-                conn=conn,
-            )
+        again = reopen(self.store, run_id, from_step=from_step)
         self.dispatcher.orchestrate(run_id)
-        return [step.step_name for step in again]
+        return again
 
     def cancel(self, run_id: str) -> list[str]:
-        """Cancel the run and revoke its unfinished steps. Returns their names."""
+        """Cancel the run, its unfinished child runs, and revoke its unfinished steps.
+
+        Returns the names of the steps it stopped. A cancelled child run fails
+        its parent's step (``StepFailed`` at its ``ctx.do``).
+        """
         store = self.store
-        store.get_run(run_id)  # an unknown run is an error, not nothing to cancel
+        run = store.get_run(run_id)  # an unknown run is an error, not nothing to cancel
         error = {"type": "Cancelled", "message": "The run was cancelled.", "traceback": None}
         open_steps = [s for s in store.list_step_states(run_id) if s.status in _UNFINISHED]
+        parent = parent_of(run)
         with store.transaction() as conn:
-            store.move_run(
+            cancelled = store.move_run(
                 run_id,
                 "cancelled",
                 from_statuses=("running", "suspended"),
@@ -287,7 +279,36 @@ class WorkflowEngine:
                 store.record_attempt(
                     step.step_id, step.attempt_count, "cancelled", error=error, conn=conn
                 )
-        tasks = [s.step_id for s in open_steps if s.rpc_name not in (None, SLEEP)]
+            if cancelled and parent is not None:
+                store.end_child(
+                    parent[1],
+                    run_id,
+                    "cancelled",
+                    error=child_error(run_id, "cancelled", error),
+                    conn=conn,
+                )
+        for step in open_steps:
+            if step.child_run_id is not None:
+                self.cancel(step.child_run_id)
+        tasks = [
+            s.step_id for s in open_steps if s.child_run_id is None and s.rpc_name in self.app.tasks
+        ]
         if tasks:
             self.app.control.revoke(tasks)
+        if cancelled and parent is not None:
+            self.dispatcher.orchestrate(parent[0])
         return [step.step_name for step in open_steps]
+
+    # --- events -----------------------------------------------------------------
+
+    def send(self, run_id: str, name: str, data: Any = None) -> str:
+        """Send the run an event for its ``ctx.wait_for(name)``; returns the event's id.
+
+        Kept until a wait of that name takes it (each event is taken once), so
+        it may come before the workflow reaches its wait. The run is replayed
+        once the event is committed.
+        """
+        run = self._workflow_run(run_id)
+        event_id = self.store.send_event(run.run_id, name, data)
+        self.dispatcher.orchestrate(run_id)
+        return event_id

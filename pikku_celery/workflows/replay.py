@@ -6,21 +6,54 @@ Knows nothing of Celery: messages go through a :class:`Dispatcher`.
 from __future__ import annotations
 
 import logging
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pikku_celery.errors import SerializationError, StepFailed, VersionConflict
-from pikku_celery.store import WorkflowRun, WorkflowStore
+from pikku_celery.store import UNSET, WorkflowRun, WorkflowStore
+from pikku_celery.store.base import ErrorLike
 from pikku_celery.store.codec import error_document
 from pikku_celery.store.models import SETTLED_RUN_STATUSES
 from pikku_celery.workflows.context import Dispatcher, Suspend, WorkflowContext
 from pikku_celery.workflows.definition import Workflow
 
-__all__ = ["Outcome", "replay"]
+__all__ = ["Outcome", "parent_of", "replay"]
 
 logger = logging.getLogger(__name__)
 
 Outcome = Literal["settled", "waiting", "sleeping", "completed", "failed"]
 _GOING: Final = ("running", "suspended")
+
+
+def parent_of(run: WorkflowRun) -> tuple[str, str] | None:
+    """(parent run id, parent step id) of a child run, else None."""
+    wire = run.wire if isinstance(run.wire, dict) else {}
+    parent_run, parent_step = wire.get("parent_run_id"), wire.get("parent_step_id")
+    if isinstance(parent_run, str) and isinstance(parent_step, str):
+        return parent_run, parent_step
+    return None
+
+
+def _settle(
+    store: WorkflowStore,
+    run: WorkflowRun,
+    dispatcher: Dispatcher,
+    status: str,
+    *,
+    output: Any = UNSET,
+    error: ErrorLike | None = None,
+) -> None:
+    """End the run; a child's end is its parent's step's end, and replays the parent."""
+    parent = parent_of(run)
+    moved = store.settle_workflow_run(
+        run.run_id,
+        status,
+        from_statuses=_GOING,
+        output=output,
+        error=error,
+        parent_step_id=None if parent is None else parent[1],
+    )
+    if moved and parent is not None:
+        dispatcher.orchestrate(parent[0])
 
 
 def replay(
@@ -41,7 +74,7 @@ def replay(
         conflict = VersionConflict(workflow.name, run.graph_hash, workflow.version)
         document = error_document(conflict)
         document["code"] = VersionConflict.code
-        store.move_run(run_id, "failed", from_statuses=_GOING, error=document)
+        _settle(store, run, dispatcher, "failed", error=document)
         return "failed"
     if run.status == "suspended":
         store.move_run(run_id, "running", from_statuses=("suspended",))
@@ -58,7 +91,7 @@ def replay(
     except StepFailed as exc:
         document = error_document(exc)
         document.update(step=exc.step_name, cause=exc.error)
-        store.move_run(run_id, "failed", from_statuses=_GOING, error=document)
+        _settle(store, run, dispatcher, "failed", error=document)
         return "failed"
     except Exception as exc:
         logger.info(
@@ -68,11 +101,11 @@ def replay(
             exc,
             extra={"action": "workflow_failed", "run_id": run_id},
         )
-        store.move_run(run_id, "failed", from_statuses=_GOING, error=exc)
+        _settle(store, run, dispatcher, "failed", error=error_document(exc))
         return "failed"
     try:
-        store.move_run(run_id, "completed", from_statuses=_GOING, output=output)
+        _settle(store, run, dispatcher, "completed", output=output)
     except SerializationError as exc:
-        store.move_run(run_id, "failed", from_statuses=_GOING, error=exc)
+        _settle(store, run, dispatcher, "failed", error=error_document(exc))
         return "failed"
     return "completed"
