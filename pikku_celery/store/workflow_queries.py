@@ -57,7 +57,7 @@ next_untaken_event: Final = (
 # A second wait that read the same event finds it taken (0 rows) and reads the next.
 take_event: Final = (
     sa.update(events)
-    .where(events.c.event_id == P("event_id"), events.c.taken_by_step_id.is_(None))
+    .where(events.c.event_id == P("the_event"), events.c.taken_by_step_id.is_(None))
     .values(taken_by_step_id=P("step_id"), taken_at=P("now"))
 )
 

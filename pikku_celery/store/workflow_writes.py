@@ -217,7 +217,7 @@ class WorkflowWrites(ClaimWrites):
                         raise _Nothing  # rolls the guard back: nothing changed
                     taken = c.execute(
                         wq.take_event,
-                        {"event_id": event.event_id, "step_id": step_id, "now": now()},
+                        {"the_event": event.event_id, "step_id": step_id, "now": now()},
                     )
                     if taken.rowcount:
                         break

@@ -35,8 +35,8 @@ class Workflow:
     fn: Callable[..., Any]
     version: str
     compatible: frozenset[str] = frozenset()
-    starter: Callable[[Workflow, tuple[Any, ...], dict[str, Any], str | None], str] | None = (
-        field(default=None, repr=False, compare=False)
+    starter: Callable[[Workflow, tuple[Any, ...], dict[str, Any], str | None], str] | None = field(
+        default=None, repr=False, compare=False
     )
 
     def accepts(self, version: str | None) -> bool:
