@@ -175,6 +175,11 @@ class WorkflowContext:
             won = self._store.get_step(step_id)  # an event came first: it stands
             if won.status == "succeeded":
                 return won.result
+        if isinstance(deadline_text, str) and step is not None and step.status != "pending":
+            # The replay at the deadline may have been lost with a worker; another one
+            # costs nothing (a replay is idempotent), so every replay of a waiting run
+            # sends one, as a sleep does with its wake-up.
+            self._dispatcher.orchestrate(self.run_id, at=dt.datetime.fromisoformat(deadline_text))
         self.sleeping = True
         raise Suspend
 

@@ -17,8 +17,8 @@ import sqlalchemy as sa
 from celery import Celery, signals
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 
-from pikku_celery import PikkuCelery, WorkflowTask
-from pikku_celery.errors import StepFailed
+from pikku_celery import PikkuCelery, WorkflowTask, current_step
+from pikku_celery.errors import EventTimeout, StepFailed
 
 app = Celery(
     "shop",
@@ -406,3 +406,69 @@ def quick(label: str) -> str:
     journal(f"quick start {os.getpid()} {label}")
     journal(f"quick end {label}")
     return label
+
+
+# --- child workflows, waits for events, step keys -------------------------------------
+
+
+@pikku.workflow("ship-order")
+def ship_order(ctx: Any, tag: str, fail: bool, seconds: float) -> dict[str, int]:
+    label = ctx.do("label", count, f"{tag}-label")
+    if seconds:
+        ctx.do("pack", slow_effect, f"{tag}-pack", seconds)
+    if fail:
+        ctx.do("carrier", always_fails, 0)
+    return {"label": label}
+
+
+@pikku.workflow("order-with-shipping")
+def order_with_shipping(ctx: Any, tag: str, fail: bool = False, seconds: float = 0) -> Any:
+    ctx.do("charge", count, f"{tag}-charge")
+    try:
+        shipped = ctx.do("ship", ship_order, tag, fail, seconds)
+    except StepFailed as failure:
+        ctx.do("refund", count, f"{tag}-refund")
+        return {"compensated": failure.step_name}
+    ctx.do("notify", count, f"{tag}-notify")
+    return shipped
+
+
+@pikku.workflow("refund-approval")
+def refund_approval(
+    ctx: Any, amount: int, prepare: float = 0, timeout: float | None = None
+) -> dict[str, Any]:
+    if prepare:
+        ctx.do("prepare", slow, prepare)
+    try:
+        decision = ctx.wait_for("approval", timeout=timeout)
+    except EventTimeout:
+        return {"refunded": 0, "why": "nobody decided in time"}
+    ctx.branch("approved" if decision["approved"] else "declined")
+    return {"refunded": amount if decision["approved"] else 0, "approved_by": decision["by"]}
+
+
+@pikku.step(name="shop.keyed", bind=True, max_retries=1)
+def keyed(self: Any, tag: str) -> str:
+    step = current_step()
+    journal(f"keyed {tag} {step.attempt} {step.idempotency_key}")
+    if self.request.retries == 0:
+        raise self.retry(exc=ConnectionError("payment API busy"), countdown=0)
+    if not _marked(f"{tag}-fixed"):
+        raise RuntimeError("payment API refused the call")
+    return step.idempotency_key
+
+
+def _marked(label: str) -> bool:
+    """Whether the test has put a row ``label`` in the shop's own table (a fix deployed)."""
+    with pikku.store.engine.connect() as conn:
+        return bool(
+            conn.execute(
+                sa.text("SELECT count(*) FROM shop_effects WHERE label = :label"),
+                {"label": label},
+            ).scalar_one()
+        )
+
+
+@pikku.workflow("keyed-payment")
+def keyed_payment(ctx: Any, tag: str) -> str:
+    return str(ctx.do("pay", keyed, tag))
