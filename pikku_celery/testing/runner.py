@@ -209,6 +209,7 @@ class InlineRunner:
     def resume(self, run_id: str) -> RunResult:
         """``pikku.resume``: new attempts for the failed steps, the rest kept; then run."""
         self._open()
+        self._flush()  # what was published so far is in SQL, as it would be 40 ms later
         self.pikku.resume(run_id)
         self.run_until_idle()
         return self.result(run_id)
@@ -216,6 +217,7 @@ class InlineRunner:
     def rerun(self, run_id: str, from_step: str) -> RunResult:
         """``pikku.rerun``: new attempts from ``from_step`` on; then run until idle."""
         self._open()
+        self._flush()  # what was published so far is in SQL, as it would be 40 ms later
         self.pikku.rerun(run_id, from_step)
         self.run_until_idle()
         return self.result(run_id)
@@ -223,6 +225,7 @@ class InlineRunner:
     def cancel(self, run_id: str) -> RunResult:
         """``pikku.cancel``: the run cancelled and its open steps revoked; then run."""
         self._open()
+        self._flush()  # what was published so far is in SQL, as it would be 40 ms later
         self.pikku.cancel(run_id)
         self.run_until_idle()
         return self.result(run_id)
@@ -236,6 +239,7 @@ class InlineRunner:
                 "This version of pikku-celery has no pikku.send(); upgrade it to send "
                 "events to runs."
             )
+        self._flush()  # what was published so far is in SQL, as it would be 40 ms later
         send(run_id, name, data)
         self.run_until_idle()
         return self.result(run_id)
