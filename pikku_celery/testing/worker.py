@@ -87,6 +87,13 @@ class InlineWorker:
         headers = message.headers or {}
         name = headers.get("task")
         if name is None:
+            body = message.payload
+            if isinstance(body, dict) and "task" in body:
+                message.ack()
+                raise ConfigurationError(
+                    f"Task {body['task']!r} was sent with message protocol 1, which carries "
+                    "none of the headers the mirror follows; leave task_protocol at 2."
+                )
             message.ack()
             logger.debug("inline worker dropped a message that is not a task: %r", headers)
             return

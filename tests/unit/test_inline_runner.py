@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import Celery, chain, group
+from celery import Celery, chain, chord, group
 
 from pikku_celery import PikkuCelery, WorkflowTask
 from pikku_celery.errors import ConfigurationError, NeverIdle, StepFailed
@@ -74,6 +74,10 @@ class Shop:
             calls["add"] += 1
             return x + y
 
+        @pikku.step(shared=False)
+        def total(values: list[int]) -> int:
+            return sum(values)
+
         @self.app.task(base=WorkflowTask, bind=True, max_retries=None, shared=False)
         def forever(task: Any) -> None:
             raise task.retry(countdown=0)
@@ -106,7 +110,7 @@ class Shop:
                 return "refunded"
             return "shipped"
 
-        self.charge, self.add, self.forever = charge, add, forever
+        self.charge, self.add, self.total, self.forever = charge, add, total, forever
         self.checkout: Workflow = checkout
         self.retrying: Workflow = retrying
         self.compensating: Workflow = compensating
@@ -193,6 +197,10 @@ def test_retries_running_out_fail_the_step_with_its_last_error(
     run = runner.start(shop.retrying)
     assert run.status == "failed"
     assert run.steps["flaky"].attempt_statuses == ["failed", "failed", "failed"]
+    shop.flaky_failures = 0
+    run = runner.resume(run.run_id)
+    assert (run.status, run.output) == ("completed", 40)
+    assert run.steps["flaky"].attempt_statuses == ["failed", "failed", "failed", "succeeded"]
 
 
 def test_a_durable_sleep_ends_at_once(shop: Shop, runner: InlineRunner) -> None:
@@ -220,6 +228,8 @@ def test_a_canvas_is_one_run(shop: Shop, runner: InlineRunner) -> None:
     fanned = runner.run(group(shop.add.s(1, 1), shop.add.s(2, 2)), name="fan")
     assert fanned.status == "completed"
     assert sorted(step.result for step in fanned.steps.values()) == [2, 4]
+    joined = runner.run(chord([shop.add.s(1, 1), shop.add.s(2, 2)], shop.total.s()), name="sum")
+    assert (joined.status, joined.output) == ("completed", 6)
 
 
 def test_cancel_revokes_a_step_before_it_runs(shop: Shop, runner: InlineRunner) -> None:
