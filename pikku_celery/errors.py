@@ -29,7 +29,8 @@
         ├── NotAWorkflowRun         resume/rerun of a run that is not a durable workflow
         ├── RunFailed               pikku.wait(): the run failed
         ├── RunCancelled            pikku.wait(): the run was cancelled
-        └── WaitTimeout             pikku.wait(): the run did not settle in time
+        ├── WaitTimeout             pikku.wait(): the run did not settle in time
+        └── NeverIdle               the inline test runner still had messages after its limit
 
 Driver errors stay on ``__cause__``. Each class's docstring is its default
 message, and every message says what to do about it.
@@ -318,4 +319,20 @@ class WaitTimeout(WorkflowError, TimeoutError):
         super().__init__(
             f"Run {run_id!r} is still {status} after {timeout:g}s; wait longer, or check "
             "that a worker is running (`celery -A yourapp worker`)."
+        )
+
+
+class NeverIdle(WorkflowError):
+    """The inline runner ran its limit of messages and more kept coming; look for a step
+    that retries for ever or a workflow that never stops, or raise max_messages."""
+
+    def __init__(self, ran: int, waiting: dict[str, int]) -> None:
+        self.ran = ran
+        self.waiting = dict(waiting)
+        queued = ", ".join(f"{name}: {count}" for name, count in sorted(self.waiting.items()))
+        super().__init__(
+            f"The inline runner ran {ran} messages and still has more to run "
+            f"({queued or 'none queued; the mirror still has events to write'}); look for a "
+            "step that retries for ever or a workflow that never stops, or raise "
+            "run_until_idle(max_messages=...)."
         )

@@ -124,6 +124,22 @@ class Delivery:
         """Call ``listener`` from the flusher thread after a batch that ended workflow steps."""
         self._listeners.append(listener)
 
+    def twin(
+        self, store: Callable[[], WorkflowStore], folder: Callable[[], Path], *, background: bool
+    ) -> Delivery:
+        """A delivery with this one's settings and listeners, for another store and folder."""
+        twin = Delivery(
+            store,
+            folder,
+            flush_interval=self.flush_interval,
+            batch_size=self.batch_size,
+            adopt_interval=self.adopt_interval,
+            grace=self.grace,
+            background=background,
+        )
+        twin._listeners = self._listeners  # the same list: a listener added later hears both
+        return twin
+
     # --- the hot path -------------------------------------------------------------
 
     def append(self, event: MirrorEvent) -> None:

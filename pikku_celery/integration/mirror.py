@@ -10,12 +10,13 @@ event moves.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,35 @@ class CeleryMirror:
     def close(self, timeout: float = 10.0) -> None:
         """Write what can be written; a journal that still holds events stays for adoption."""
         self.delivery.close(timeout)
+
+    @contextlib.contextmanager
+    def redirected(
+        self, store: WorkflowStore, *, journal_dir: Path | str, background: bool = False
+    ) -> Iterator[None]:
+        """Within the block, mirror into ``store`` with journals under ``journal_dir``.
+
+        For running an app in one process against a database of its own (the
+        inline runner of ``pikku_celery.testing``). ``background=False``: no
+        flusher thread, the caller writes the journal with :meth:`flush`. Events
+        journaled before the block are written to the usual store first; those of
+        the block are written when it ends (what cannot be stays in
+        ``journal_dir``). Afterwards the mirror writes to its usual store again;
+        the listeners of :meth:`on_committed` stay the same throughout.
+        """
+        saved = (self._store, self._journal_root, self.delivery)
+        # Its flusher would write to whatever store the mirror has, the redirected one too.
+        self.delivery.close()
+        self._store, self._journal_root = store, Path(journal_dir)
+        self.delivery = saved[2].twin(
+            lambda: self.store, lambda: self.journal_folder, background=background
+        )
+        try:
+            yield
+        finally:
+            try:
+                self.delivery.close()
+            finally:
+                self._store, self._journal_root, self.delivery = saved
 
     # --- events ----------------------------------------------------------------------
 
