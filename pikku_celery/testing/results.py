@@ -20,6 +20,9 @@ class StepResult:
     result: Any
     error: Mapping[str, Any] | None
     attempts: tuple[StepAttempt, ...]
+    #: The run a child workflow's step started, and the branch taken after the step.
+    child_run_id: str | None = None
+    branch_taken: str | None = None
 
     @property
     def attempt_statuses(self) -> list[str]:
@@ -53,6 +56,8 @@ def read_result(store: WorkflowStore, run_id: str) -> RunResult:
             result=step.result,
             error=step.error,
             attempts=tuple(sorted(attempts.get(step.step_id, []), key=lambda a: a.attempt)),
+            child_run_id=step.child_run_id,
+            branch_taken=step.branch_taken,
         )
         for step in store.list_step_states(run_id)
     }

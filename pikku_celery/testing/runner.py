@@ -233,14 +233,8 @@ class InlineRunner:
     def send(self, run_id: str, name: str, data: Any = None) -> RunResult:
         """``pikku.send``: an event for a run waiting for it; then run until idle."""
         self._open()
-        send = getattr(self.pikku, "send", None)
-        if send is None:
-            raise ConfigurationError(
-                "This version of pikku-celery has no pikku.send(); upgrade it to send "
-                "events to runs."
-            )
         self._flush()  # what was published so far is in SQL, as it would be 40 ms later
-        send(run_id, name, data)
+        self.pikku.send(run_id, name, data)
         self.run_until_idle()
         return self.result(run_id)
 

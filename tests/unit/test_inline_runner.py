@@ -110,6 +110,27 @@ class Shop:
                 return "refunded"
             return "shipped"
 
+        @pikku.workflow("approval")
+        def approval(ctx: Any, amount: int) -> dict[str, Any]:
+            decision = ctx.wait_for("approval")
+            return {
+                "refunded": amount if decision["approved"] else 0,
+                "approved_by": decision["by"],
+            }
+
+        @pikku.workflow("compensating-child")
+        def shipping(ctx: Any, order_id: int) -> str:
+            return str(ctx.do("ship", ship, order_id))
+
+        @pikku.workflow("parent")
+        def parent(ctx: Any, order_id: int) -> str:
+            try:
+                return str(ctx.do("ship", shipping, order_id))
+            except StepFailed:
+                return "compensated"
+
+        self.approval: Workflow = approval
+        self.parent: Workflow = parent
         self.charge, self.add, self.total, self.forever = charge, add, total, forever
         self.checkout: Workflow = checkout
         self.retrying: Workflow = retrying
@@ -246,27 +267,27 @@ def test_a_run_that_never_settles_raises_a_typed_error(shop: Shop, runner: Inlin
         runner.run_until_idle(max_messages=30)
 
 
-def test_send_calls_pikku_send_and_runs_what_it_queued(
-    shop: Shop, runner: InlineRunner, monkeypatch: pytest.MonkeyPatch
+def test_a_wait_for_an_event_suspends_the_run_until_it_is_sent(
+    shop: Shop, runner: InlineRunner
+) -> None:
+    run = runner.start(shop.approval, amount=30)
+    assert run.status == "suspended"
+    run = runner.send(run.run_id, "approval", {"approved": True, "by": "ana"})
+    assert (run.status, run.output) == ("completed", {"refunded": 30, "approved_by": "ana"})
+    assert run.steps["approval"].result == {"approved": True, "by": "ana"}
+
+
+def test_a_child_workflow_runs_inline_and_failing_it_is_compensated(
+    shop: Shop, runner: InlineRunner
 ) -> None:
     shop.fixed = True
-    run = runner.start(shop.checkout, order_id=5)
-    sent: list[tuple[str, str, Any]] = []
-
-    def send(run_id: str, name: str, data: Any) -> None:
-        sent.append((run_id, name, data))
-        shop.pikku.workflows.replay_soon(run_id)
-
-    monkeypatch.setattr(shop.pikku, "send", send, raising=False)
-    assert runner.send(run.run_id, "approved", {"by": "ops"}).status == "completed"
-    assert sent == [(run.run_id, "approved", {"by": "ops"})]
-
-
-def test_send_without_pikku_send_says_so(shop: Shop, runner: InlineRunner) -> None:
-    if hasattr(shop.pikku, "send"):
-        pytest.skip("this PikkuCelery has send()")
-    with pytest.raises(ConfigurationError, match=r"no pikku\.send"):
-        runner.send("run", "event", None)
+    run = runner.start(shop.parent, order_id=2)
+    assert (run.status, run.output) == ("completed", "shipped 2")
+    child = runner.result(run.steps["ship"].child_run_id or "")
+    assert (child.workflow, child.status) == ("compensating-child", "completed")
+    shop.fixed = False
+    run = runner.start(shop.parent, order_id=3)
+    assert run.output == "compensated"
 
 
 def test_the_app_and_pikku_are_put_back_afterwards(shop: Shop, tmp_path: Path) -> None:
