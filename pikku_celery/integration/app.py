@@ -15,6 +15,7 @@ from pikku_celery.integration import signals
 from pikku_celery.integration.delivery import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL
 from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper, ReapReport
+from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
 from pikku_celery.integration.upkeep import ENV_REAPER_INTERVAL, REAPER_INTERVAL, Upkeep
 from pikku_celery.store import WorkflowStore
@@ -41,6 +42,10 @@ class PikkuCelery:
     ``app.conf.pikku_journal_dir``, else ``PIKKU_JOURNAL_DIR``, else
     ``~/.local/state/pikku-celery/journal``) and written to SQL in group
     commits every ``app.conf.pikku_flush_interval`` (else ``PIKKU_FLUSH_INTERVAL``) seconds.
+
+    ``mirror="all"`` (else ``app.conf.pikku_mirror``, else ``PIKKU_MIRROR``) mirrors
+    every task of the app, not only ``WorkflowTask`` ones (``"steps"``, the default),
+    but those ``exclude`` names (names or globs; else ``app.conf.pikku_mirror_exclude``).
     """
 
     def __init__(
@@ -50,10 +55,13 @@ class PikkuCelery:
         *,
         store: WorkflowStore | None = None,
         journal_dir: str | None = None,
+        mirror: str | None = None,
+        exclude: Iterable[str] | None = None,
     ) -> None:
         if store is not None and database_url is not None:
             raise ConfigurationError("Pass either database_url or store, not both.")
         self.app = app
+        self._selection = TaskSelection.configured(app.conf, mirror, exclude)
         if store is None:
             url = (
                 database_url
@@ -81,6 +89,11 @@ class PikkuCelery:
     @property
     def store(self) -> WorkflowStore:
         return self.mirror.store
+
+    @property
+    def selection(self) -> TaskSelection:
+        """Which tasks are mirrored (``mode``: ``"steps"`` or ``"all"``), and as which step."""
+        return self._selection
 
     @overload
     def step(self, fn: F, /) -> Any: ...

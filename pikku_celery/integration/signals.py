@@ -2,7 +2,8 @@
 
 Handlers are connected once, explicitly, by :func:`install` (``weak=False``
 and a ``dispatch_uid``, so a second install changes nothing). Each handler
-ignores tasks that are not a ``WorkflowTask`` and never raises.
+ignores the tasks its app's :class:`TaskSelection` leaves alone (by default
+those that are not a ``WorkflowTask``) and never raises.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from celery import current_task, signals
 from celery.exceptions import Reject, Retry
@@ -22,7 +23,6 @@ from celery.exceptions import Reject, Retry
 from pikku_celery.integration import control
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.mirror import PublishedStep
-from pikku_celery.integration.task import WorkflowTask
 from pikku_celery.store.attempt_writes import NewRun
 from pikku_celery.store.codec import error_document
 
@@ -82,18 +82,38 @@ def _journal_folders(app: Any) -> list[Path]:
     return [] if pikku is None else [pikku.mirror.journal_folder]
 
 
-def _pikku_for(task: Any) -> PikkuCelery | None:
-    if not isinstance(task, WorkflowTask):
+class Mirrored(NamedTuple):
+    """A task the mirror records: the ``PikkuCelery`` that does, and the task's step name."""
+
+    pikku: PikkuCelery
+    step_name: str
+
+
+def _pikku_for(task: Any) -> Mirrored | None:
+    """Whether a running task is mirrored, as its app's selection decides (cached per name)."""
+    pikku = registry.get(id(getattr(task, "app", None)))
+    if pikku is None:
         return None
-    return registry.get(id(task.app))
+    step_name = pikku.selection.step_name(task)
+    return None if step_name is None else Mirrored(pikku, step_name)
 
 
-def _lookup(task_name: str) -> tuple[Any, PikkuCelery | None]:
+def _lookup(task_name: str) -> tuple[Any, Mirrored | None]:
+    """The task a message is published for, and who mirrors it (None: nobody does).
+
+    A publisher knows only the task's name; a shared task is in every app, and
+    an app that mirrors it wins over one that does not.
+    """
+    found = None
     for pikku in registry.values():
         task = pikku.app.tasks.get(task_name)
-        if task is not None:
-            return task, pikku if isinstance(task, WorkflowTask) else None
-    return None, None
+        if task is None:
+            continue
+        step_name = pikku.selection.step_name(task)
+        if step_name is not None:
+            return task, Mirrored(pikku, step_name)
+        found = found or task
+    return found, None
 
 
 def _publish_context(message_headers: dict[str, Any]) -> RunContext | None:
@@ -149,8 +169,8 @@ def before_task_publish(
     if headers is None or sender is None:
         return  # message protocol 1 carries no headers to follow
     context = _publish_context(headers)
-    task, pikku = _lookup(sender)
-    if pikku is None:
+    task, mirrored = _lookup(sender)
+    if mirrored is None:
         if context is not None:  # not a step, but its children stay in the run
             headers.setdefault(h.RUN_ID, context.run_id)
             if context.parent_step_id:
@@ -165,16 +185,14 @@ def before_task_publish(
         (body[0], body[1]) if isinstance(body, list | tuple) and len(body) >= 2 else ((), {})
     )
     base_name = (
-        (properties or {}).get(h.STEP_NAME)
-        or headers.get(h.STEP_NAME)
-        or task.step_name_for(task.name)
+        (properties or {}).get(h.STEP_NAME) or headers.get(h.STEP_NAME) or mirrored.step_name
     )
     data = _call_data(args, kwargs)
     if context is None:  # a lone task is a run of its own, under its own task id
         run_id, parent, new_run = step_id, None, NewRun(task.name, data, {"type": "task"})
     else:
         run_id, parent, new_run = context.run_id, context.parent_step_id, None
-    pikku.mirror.published(
+    mirrored.pikku.mirror.published(
         PublishedStep(
             run_id=run_id,
             step_id=step_id,
@@ -209,18 +227,18 @@ def after_task_publish(
 
 @_isolated
 def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any) -> None:
-    pikku = _pikku_for(task)
-    if pikku is None:
+    mirrored = _pikku_for(task)
+    if mirrored is None:
         return
     request = task.request
     step_id = str(request.id)
     header_run = h.from_request(request, h.RUN_ID)
-    mirror = pikku.mirror
+    mirror = mirrored.pikku.mirror
     adoption = None
     if not h.from_request(request, h.ORCHESTRATED):  # a workflow's replay claimed its steps
         adoption = mirror.adoption(
             header_run or step_id,
-            h.from_request(request, h.STEP_NAME) or task.step_name_for(task.name),
+            h.from_request(request, h.STEP_NAME) or mirrored.step_name,
             task.name,
             published=header_run is not None,
             data=None if header_run is not None else _call_data(args, kwargs),
@@ -236,9 +254,10 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
 def task_retry(
     sender: Any = None, request: Any = None, reason: Any = None, einfo: Any = None, **_: Any
 ) -> None:
-    pikku = _pikku_for(sender)
-    if pikku is None or request is None:
+    mirrored = _pikku_for(sender)
+    if mirrored is None or request is None:
         return
+    pikku = mirrored.pikku
     cause = reason.exc if isinstance(reason, Retry) and reason.exc is not None else reason
     error = error_document(cause if isinstance(cause, BaseException) else str(cause))
     if einfo is not None and getattr(einfo, "traceback", None):
@@ -250,9 +269,10 @@ def task_retry(
 
 @_isolated
 def task_success(sender: Any = None, result: Any = None, **_: Any) -> None:
-    pikku = _pikku_for(sender)
-    if pikku is None:
+    mirrored = _pikku_for(sender)
+    if mirrored is None:
         return
+    pikku = mirrored.pikku
     request = sender.request
     run_id = h.from_request(request, h.RUN_ID) or str(request.id)
     # A workflow's step: the workflow function decides the run's outcome, in a
@@ -275,9 +295,10 @@ def task_failure(
     einfo: Any = None,
     **_: Any,
 ) -> None:
-    pikku = _pikku_for(sender)
-    if pikku is None:
+    mirrored = _pikku_for(sender)
+    if mirrored is None:
         return
+    pikku = mirrored.pikku
     request = sender.request
     error = error_document(exception if exception is not None else "task failed")
     if einfo is not None and getattr(einfo, "traceback", None):
@@ -318,9 +339,10 @@ def task_revoked(
     expired: bool = False,
     **_: Any,
 ) -> None:
-    pikku = _pikku_for(sender)
-    if pikku is None or request is None:
+    mirrored = _pikku_for(sender)
+    if mirrored is None or request is None:
         return
+    pikku = mirrored.pikku
     why = "expired" if expired else ("terminated" if terminated else "revoked")
     error = {
         "type": "celery.exceptions.TaskRevokedError",

@@ -14,7 +14,12 @@ if TYPE_CHECKING:
 else:
     _TaskBase = Task
 
-__all__ = ["WorkflowTask", "as_task_function"]
+__all__ = ["WorkflowTask", "as_task_function", "default_step_name"]
+
+
+def default_step_name(task_name: str) -> str:
+    """A task's step name in runs unless it says otherwise: the last part of its name."""
+    return task_name.rsplit(".", 1)[-1]
 
 
 class WorkflowTask(_TaskBase):
@@ -22,8 +27,9 @@ class WorkflowTask(_TaskBase):
 
     Use it as ``@app.task(base=WorkflowTask)`` or through ``@pikku.step()``.
     It adds no behaviour to the task itself: the mirror listens to Celery's
-    signals and records only tasks of this class, so a failing mirror can never
-    change what the task does.
+    signals and records tasks of this class (every task, under
+    ``PikkuCelery(app, mirror="all")``), so a failing mirror can never change
+    what the task does.
     """
 
     #: The step name in runs; defaults to the last part of the task's name.
@@ -31,7 +37,7 @@ class WorkflowTask(_TaskBase):
 
     @classmethod
     def step_name_for(cls, task_name: str) -> str:
-        return cls.pikku_step_name or task_name.rsplit(".", 1)[-1]
+        return cls.pikku_step_name or default_step_name(task_name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request

@@ -185,7 +185,7 @@ def start_worker(
             "-m",
             "celery",
             "-A",
-            "tests.acceptance.shop",
+            shop.__name__,  # the shop, or another app module of the same shape
             "worker",
             "--pool=prefork",
             f"--concurrency={concurrency}",
