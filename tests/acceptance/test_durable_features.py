@@ -14,7 +14,14 @@ import pytest
 import sqlalchemy as sa
 
 from pikku_celery.integration.step_info import PIKKU_NAMESPACE
-from tests.acceptance.conftest import Worker, effects, start_worker, wait_until, worker_running
+from tests.acceptance.conftest import (
+    QUEUE,
+    Worker,
+    effects,
+    start_worker,
+    wait_until,
+    worker_running,
+)
 from tests.support.threads import run_threads
 
 
@@ -35,6 +42,12 @@ def _child_of(worker: Worker, run_id: str, step: str = "ship") -> str:
     child = worker.store.get_step_state(run_id, step).child_run_id
     assert child is not None
     return child
+
+
+def _queue_empty(shop: ModuleType) -> bool:
+    """Nothing left for a worker: a message left behind would run in the next test's worker."""
+    with shop.app.connection_for_write() as conn:
+        return not conn.default_channel.client.llen(QUEUE)
 
 
 # --- child workflows --------------------------------------------------------------------
@@ -105,11 +118,11 @@ def test_a_worker_killed_while_a_child_runs_leaves_nothing_done_twice(
         assert len([r for r in second.store.list_runs(limit=500) if r.run_id == child_id]) == 1
 
 
-def test_cancelling_a_parent_cancels_its_waiting_child(
+def test_cancelling_a_parent_cancels_its_unfinished_child(
     shop: ModuleType, durable_worker: Worker
 ) -> None:
     tag = _tag()
-    run_id = shop.order_with_shipping.start(tag, seconds=30)
+    run_id = shop.order_with_shipping.start(tag, seconds=3)
     child_id = _child_of(durable_worker, run_id)
     wait_until(
         lambda: durable_worker.store.get_step_state(child_id, "pack").status == "running",
@@ -118,6 +131,12 @@ def test_cancelling_a_parent_cancels_its_waiting_child(
     assert shop.pikku.cancel(run_id) == ["ship"]
     assert durable_worker.store.get_run(child_id).status == "cancelled"
     assert durable_worker.store.get_step_state(child_id, "pack").status == "cancelled"
+    # A revoke does not stop a running task: it ends, and its end changes nothing.
+    wait_until(lambda: effects(durable_worker, f"{tag}-pack") == 1, what="the step to end")
+    wait_until(lambda: _queue_empty(shop), what="the replay its end sent")
+    assert durable_worker.store.get_run(run_id).status == "cancelled"
+    assert durable_worker.store.get_run(child_id).status == "cancelled"
+    assert effects(durable_worker, f"{tag}-notify") == 0
 
 
 # --- waits for events -------------------------------------------------------------------
