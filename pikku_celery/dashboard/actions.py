@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["RunActions"]
 
@@ -20,3 +20,5 @@ class RunActions(Protocol):
     def rerun(self, run_id: str, from_step: str) -> object: ...
 
     def cancel(self, run_id: str) -> object: ...
+
+    def send(self, run_id: str, name: str, data: Any = None) -> object: ...
