@@ -105,9 +105,8 @@ def _step_detail(step: StepState) -> str:
     wait = step_wait(step)
     if wait is not None:
         until = "" if wait.deadline is None else f" until {_utc(wait.deadline)}"
-        parts.append(
-            f"waiting for event {wait.event}{until}" if wait.waiting else f"event {wait.event}"
-        )
+        waited = "waiting" if wait.waiting else "waited"
+        parts.append(f"{waited} for event {wait.event}{until if wait.waiting else ''}")
     if step.branch_taken is not None:
         parts.append(f"branch taken: {step.branch_taken}")
     return "; ".join(parts)
