@@ -103,7 +103,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     password = os.environ.get("PIKKU_DASHBOARD_PASSWORD") or None
-    # With the user's app, resume, rerun and cancel can publish; they act on its database.
+    # With the user's app, resume, rerun, cancel and send can publish; they act on its database.
     pikku = load_pikku(args.app) if args.app else None
     store = pikku.store if pikku is not None else _store(args)
     try:
@@ -111,9 +111,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         if not password:
             mode = "read-only"
         elif pikku is not None:
-            mode = "sign in to resume, rerun, cancel and delete runs"
+            mode = "sign in to resume, rerun, cancel and delete runs, and send them events"
         else:
-            mode = "sign in to delete runs; pass --app for resume, rerun and cancel"
+            mode = "sign in to delete runs; pass --app for resume, rerun, cancel and send event"
         print(f"pikku-celery dashboard on http://{args.host}:{args.port}/ ({mode})", flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

@@ -8,7 +8,7 @@ __all__ = ["RunActions"]
 
 
 class RunActions(Protocol):
-    """Run actions the dashboard offers once a password is set.
+    """Run actions the dashboard offers once a password is set (``PikkuCelery`` is one).
 
     The dashboard only calls these; what they do (publishing tasks, revoking
     them) is the application's business. Return values are ignored; raise a
