@@ -12,9 +12,14 @@ from typing import Any, Final, NoReturn
 
 from pikku_celery.app_loader import ENV_APP, load_pikku, user_app
 from pikku_celery.cli_journal import add_journal_command
-from pikku_celery.cli_options import env_flag, int_between, listed, parse_age
+from pikku_celery.cli_options import env_flag, int_between, json_value, listed, parse_age
 from pikku_celery.cli_reap import add_reap_command
-from pikku_celery.errors import ConfigurationError, PikkuCeleryError, RunNotFound
+from pikku_celery.errors import (
+    ConfigurationError,
+    NotAWorkflowRun,
+    PikkuCeleryError,
+    RunNotFound,
+)
 from pikku_celery.payloads import run_document, run_json
 from pikku_celery.progress import Progress
 from pikku_celery.report import format_run, format_runs
@@ -98,7 +103,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     password = os.environ.get("PIKKU_DASHBOARD_PASSWORD") or None
-    # With the user's app, resume, rerun and cancel can publish; they act on its database.
+    # With the user's app, resume, rerun, cancel and send can publish; they act on its database.
     pikku = load_pikku(args.app) if args.app else None
     store = pikku.store if pikku is not None else _store(args)
     try:
@@ -106,9 +111,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         if not password:
             mode = "read-only"
         elif pikku is not None:
-            mode = "sign in to resume, rerun, cancel and delete runs"
+            mode = "sign in to resume, rerun, cancel and delete runs, and send them events"
         else:
-            mode = "sign in to delete runs; pass --app for resume, rerun and cancel"
+            mode = "sign in to delete runs; pass --app for resume, rerun, cancel and send event"
         print(f"pikku-celery dashboard on http://{args.host}:{args.port}/ ({mode})", flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
@@ -172,12 +177,13 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         run = store.get_run(args.run_id)
         steps = store.list_step_states(args.run_id)
         history = store.get_run_history(args.run_id)
+        events = store.list_events(args.run_id)
     finally:
         store.close()
     if args.json:
-        _print_json(run_document(run, steps, history))
+        _print_json(run_document(run, steps, history, events=events))
     else:
-        print(format_run(run, steps, history))
+        print(format_run(run, steps, history, events))
     return EXIT_OK
 
 
@@ -229,6 +235,34 @@ def cmd_runs_cancel(args: argparse.Namespace) -> int:
         stopped = pikku.cancel(run.run_id)
     revoked = f"; revoked {', '.join(stopped)}" if stopped else ""
     print(f"Cancelled run {run.run_id}{revoked}.")
+    return EXIT_OK
+
+
+def cmd_runs_send(args: argparse.Namespace) -> int:
+    if not args.name.strip():
+        raise ConfigurationError(
+            "An event needs a name: the one the workflow's ctx.wait_for(NAME) waits for."
+        )
+    with user_app(args.app, "runs send") as pikku:
+        try:
+            event_id = pikku.send(args.run_id, args.name, args.data)
+        except NotAWorkflowRun as exc:
+            # The engine's message is about replays; a sender needs to hear about waits.
+            raise ConfigurationError(
+                f"Run {args.run_id} is not a durable workflow run, so nothing in it waits "
+                "for events; send events to a @pikku.workflow run (`pikku-celery runs list` "
+                "shows the runs)."
+            ) from exc
+    if args.json:
+        _print_json(
+            {"event_id": event_id, "run_id": args.run_id, "name": args.name, "data": args.data}
+        )
+    else:
+        print(
+            f"Sent event {args.name} to run {args.run_id} (event {event_id}); a "
+            f"ctx.wait_for({args.name!r}) takes it when the run replays, now or once it gets "
+            "there."
+        )
     return EXIT_OK
 
 
@@ -290,7 +324,9 @@ def _add_app_option(parser: argparse.ArgumentParser, *, default: Any) -> None:
 
 
 def _add_runs_commands(commands: Any) -> None:
-    runs = commands.add_parser("runs", help="list, show, delete, resume, rerun or cancel runs")
+    runs = commands.add_parser(
+        "runs", help="list, show, delete, resume, rerun or cancel runs, or send them events"
+    )
     actions = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
 
     listing = actions.add_parser("list", help="the newest runs")
@@ -345,6 +381,29 @@ def _add_runs_commands(commands: Any) -> None:
     cancel.add_argument("run_id", metavar="RUN_ID")
     _add_app_option(cancel, default=argparse.SUPPRESS)
     cancel.set_defaults(func=cmd_runs_cancel)
+
+    send = actions.add_parser(
+        "send",
+        help="send an event to a run's ctx.wait_for(NAME) (--app)",
+        description="Send an event to a durable workflow run; the run is replayed, and a "
+        "ctx.wait_for(NAME) takes the event, now or once the run gets there.",
+    )
+    send.add_argument("run_id", metavar="RUN_ID")
+    send.add_argument("name", metavar="NAME", help="the event's name, as ctx.wait_for(NAME) has it")
+    send.add_argument(
+        "--data",
+        metavar="JSON",
+        type=json_value,
+        default=os.environ.get("PIKKU_SEND_DATA") or None,
+        help=_env_help(
+            "the event's data as JSON, quoted for the shell: --data '{\"approved\": true}' "
+            "(default null)",
+            "PIKKU_SEND_DATA",
+        ),
+    )
+    _add_json_option(send)
+    _add_app_option(send, default=argparse.SUPPRESS)
+    send.set_defaults(func=cmd_runs_send)
 
 
 def _add_json_option(parser: argparse.ArgumentParser) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import re
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["env_flag", "int_between", "listed", "parse_age"]
+__all__ = ["env_flag", "int_between", "json_value", "listed", "parse_age"]
 
 _AGE: Final = re.compile(r"(\d+)\s*([smhd])")
 _AGE_UNITS: Final = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -40,6 +41,18 @@ def int_between(low: int, high: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def json_value(text: str) -> Any:
+    """A JSON document given on the command line, like ``runs send --data``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not JSON ({exc.msg} at character {exc.pos}); quote it for the "
+            """shell as a whole, like --data '{"approved": true}', and a text in double """
+            """quotes inside, like --data '"yes"'"""
+        ) from None
 
 
 def env_flag(name: str) -> bool:

@@ -8,23 +8,107 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from pikku_celery.store import StepAttempt, StepState, WorkflowRun
+from pikku_celery.store import RunEvent, StepAttempt, StepState, WorkflowRun
+from pikku_celery.store.models import WAIT_RPC
 
 __all__ = [
+    "RunParent",
+    "StepWait",
     "attempt_json",
     "attempts_by_step",
+    "event_json",
     "flower_task_url",
+    "parent_json",
     "run_document",
     "run_json",
+    "run_parent",
     "step_json",
+    "step_wait",
+    "wait_json",
 ]
 
 
 def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class RunParent:
+    """The run and step that started a child run (``ctx.do(name, child_workflow)``)."""
+
+    run_id: str
+    step_id: str
+    step_name: str | None
+
+
+def run_parent(run: WorkflowRun) -> RunParent | None:
+    """The parent of a child run, from its ``wire``; None for any other run."""
+    wire = run.wire if isinstance(run.wire, Mapping) else {}
+    run_id, step_id, step_name = (
+        wire.get("parent_run_id"),
+        wire.get("parent_step_id"),
+        wire.get("parent_step_name"),
+    )
+    if not (isinstance(run_id, str) and isinstance(step_id, str)):
+        return None
+    return RunParent(run_id, step_id, step_name if isinstance(step_name, str) else None)
+
+
+def parent_json(parent: RunParent | None) -> dict[str, Any] | None:
+    if parent is None:
+        return None
+    return {"run_id": parent.run_id, "step_id": parent.step_id, "step_name": parent.step_name}
+
+
+@dataclass(frozen=True, slots=True)
+class StepWait:
+    """What a ``ctx.wait_for`` step waits for; ``waiting`` while no event has ended it."""
+
+    event: str
+    deadline: dt.datetime | None
+    waiting: bool
+
+
+def step_wait(step: StepState) -> StepWait | None:
+    """The wait of a ``pikku.wait`` step, from its ``data``; None for any other step."""
+    data = step.data
+    if step.rpc_name != WAIT_RPC or not isinstance(data, Mapping):
+        return None
+    event = data.get("event")
+    if not isinstance(event, str):
+        return None
+    deadline: dt.datetime | None = None
+    text = data.get("deadline")
+    if isinstance(text, str):
+        try:
+            deadline = dt.datetime.fromisoformat(text)
+        except ValueError:  # another writer's text: the wait is still worth showing
+            deadline = None
+    return StepWait(event, deadline, step.status in ("pending", "scheduled"))
+
+
+def wait_json(wait: StepWait | None) -> dict[str, Any] | None:
+    if wait is None:
+        return None
+    return {"event": wait.event, "deadline": _iso(wait.deadline), "waiting": wait.waiting}
+
+
+def event_json(event: RunEvent, step_names: Mapping[str, str]) -> dict[str, Any]:
+    """An event sent to the run; ``taken_by_step_name`` names the wait that took it."""
+    taken_by = event.taken_by_step_id
+    return {
+        "event_id": event.event_id,
+        "name": event.name,
+        "data": event.data,
+        "sent_at": _iso(event.sent_at),
+        "taken_by_step_id": taken_by,
+        "taken_by_step_name": None if taken_by is None else step_names.get(taken_by),
+        "taken_at": _iso(event.taken_at),
+    }
 
 
 def flower_task_url(flower_url: str | None, task_id: str | None) -> str | None:
@@ -95,6 +179,7 @@ def step_json(
         "from_step_name": step.from_step_name,
         "child_run_id": step.child_run_id,
         "branch_taken": step.branch_taken,
+        "wait": wait_json(step_wait(step)),
         "created_at": _iso(step.created_at),
         "updated_at": _iso(step.updated_at),
         "attempts": [attempt_json(a, flower_url) for a in attempts],
@@ -110,13 +195,21 @@ def attempts_by_step(attempts: Sequence[StepAttempt]) -> dict[str, list[StepAtte
 
 def run_document(
     run: WorkflowRun,
-    steps: Iterable[StepState],
+    steps: Sequence[StepState],
     history: Sequence[StepAttempt],
     flower_url: str | None = None,
+    events: Sequence[RunEvent] = (),
 ) -> dict[str, Any]:
-    """The run with each of its steps and each step's attempts, as ``/api/runs/{id}`` gives it."""
+    """The run with each of its steps and each step's attempts, as ``/api/runs/{id}`` gives it.
+
+    ``parent`` names the run and step that started a child run (None for any
+    other), and ``events`` lists the events sent to the run, oldest first.
+    """
     by_step = attempts_by_step(history)
+    step_names = {step.step_id: step.step_name for step in steps}
     return {
         "run": run_json(run),
+        "parent": parent_json(run_parent(run)),
         "steps": [step_json(step, by_step.get(step.step_id, []), flower_url) for step in steps],
+        "events": [event_json(event, step_names) for event in events],
     }

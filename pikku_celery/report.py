@@ -7,9 +7,10 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pikku_celery.store import StepAttempt, StepState, WorkflowRun
+from pikku_celery.payloads import run_parent, step_wait
+from pikku_celery.store import RunEvent, StepAttempt, StepState, WorkflowRun
 
-__all__ = ["format_history", "format_run", "format_runs", "table"]
+__all__ = ["format_events", "format_history", "format_run", "format_runs", "table"]
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -92,15 +93,64 @@ def _when(value: dt.datetime | None, day: dt.date) -> str:
     return value.strftime("%m-%d ") + _time(value)
 
 
+def _utc(value: dt.datetime) -> str:
+    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _step_detail(step: StepState) -> str:
+    """What a durable workflow adds to a step: its child run, its wait, its branch."""
+    parts = []
+    if step.child_run_id is not None:
+        parts.append(f"child run {step.child_run_id}")
+    wait = step_wait(step)
+    if wait is not None:
+        until = "" if wait.deadline is None else f" until {_utc(wait.deadline)}"
+        waited = "waiting" if wait.waiting else "waited"
+        parts.append(f"{waited} for event {wait.event}{until if wait.waiting else ''}")
+    if step.branch_taken is not None:
+        parts.append(f"branch taken: {step.branch_taken}")
+    return "; ".join(parts)
+
+
+def format_events(events: Iterable[RunEvent], steps: Iterable[StepState], day: dt.date) -> str:
+    """The events sent to a run, oldest first, and which wait took each."""
+    names = {step.step_id: step.step_name for step in steps}
+    return table(
+        ["event", "sent", "taken by", "taken", "data"],
+        [
+            [
+                e.name,
+                _when(e.sent_at, day),
+                "not taken yet"
+                if e.taken_by_step_id is None
+                else names.get(e.taken_by_step_id, e.taken_by_step_id),
+                _when(e.taken_at, day),
+                _short(json.dumps(e.data, ensure_ascii=False, sort_keys=True), 60),
+            ]
+            for e in events
+        ],
+    )
+
+
 def format_run(
-    run: WorkflowRun, steps: Sequence[StepState], attempts: Sequence[StepAttempt]
+    run: WorkflowRun,
+    steps: Sequence[StepState],
+    attempts: Sequence[StepAttempt],
+    events: Sequence[RunEvent] = (),
 ) -> str:
-    """One run for ``pikku-celery runs show``: the run, its steps, every attempt, every error."""
+    """One run for ``pikku-celery runs show``: the run, its steps, every attempt, every error,
+    and the events sent to it."""
     day = run.created_at.date()
+    parent = run_parent(run)
     header = table(
         ["run", run.run_id],
         [
             ["workflow", run.workflow],
+            *(
+                []
+                if parent is None
+                else [["parent", f"run {parent.run_id}, step {parent.step_name or parent.step_id}"]]
+            ),
             ["status", run.status],
             ["created", run.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")],
             ["updated", run.updated_at.strftime("%Y-%m-%d %H:%M:%S UTC")],
@@ -111,10 +161,13 @@ def format_run(
     )
     parts = [header]
     if steps:
+        details = [_step_detail(s) for s in steps]
+        # Only durable workflows' steps have details; other runs' tables stay as they were.
+        extra = ["detail"] if any(details) else []
         parts.append(
             "steps\n"
             + table(
-                ["step", "task", "status", "attempts", "after"],
+                ["step", "task", "status", "attempts", "after", *extra],
                 [
                     [
                         s.step_name,
@@ -122,8 +175,9 @@ def format_run(
                         s.status,
                         str(s.attempt_count),
                         s.from_step_name or "",
+                        *([detail] if extra else []),
                     ]
-                    for s in steps
+                    for s, detail in zip(steps, details, strict=True)
                 ],
             )
         )
@@ -175,4 +229,6 @@ def format_run(
                 f"{a.step_name} #{a.attempt}: {' '.join(_error(a.error).split())}" for a in errors
             )
         )
+    if events:
+        parts.append(f"events (times UTC, {day.isoformat()})\n" + format_events(events, steps, day))
     return "\n\n".join(parts)

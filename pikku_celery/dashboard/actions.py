@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["RunActions"]
 
 
 class RunActions(Protocol):
-    """Run actions the dashboard offers once a password is set.
+    """Run actions the dashboard offers once a password is set (``PikkuCelery`` is one).
 
     The dashboard only calls these; what they do (publishing tasks, revoking
     them) is the application's business. Return values are ignored; raise a
@@ -20,3 +20,5 @@ class RunActions(Protocol):
     def rerun(self, run_id: str, from_step: str) -> object: ...
 
     def cancel(self, run_id: str) -> object: ...
+
+    def send(self, run_id: str, name: str, data: Any = None) -> object: ...

@@ -107,7 +107,8 @@ def create_app(
     ``/healthz`` and ``/metrics`` (counts, no run data) stay open. Without it
     the dashboard is read-only and anyone who reaches it can read every run.
 
-    ``actions`` adds resume, rerun and cancel buttons (delete uses the store).
+    ``actions`` adds resume, rerun and cancel buttons and the "Send event" form
+    (delete uses the store).
     ``flower_url`` links every attempt to Flower's page of its Celery task.
     ``stale_after`` is how many seconds a scheduled step may wait for a worker
     before the runs page and ``/metrics`` report it (default: the

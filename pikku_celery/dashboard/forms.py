@@ -1,4 +1,4 @@
-"""The action forms: resume, rerun from a step, cancel and delete a run.
+"""The action forms: resume, rerun from a step, cancel and delete a run, send it an event.
 
 Each POST needs a configured password, the browser signed in with it (checked
 here as well as in front of every route), and the form's CSRF token; only
@@ -7,8 +7,9 @@ then is the injected ``RunActions`` (or, for delete, the store) called.
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Final
+from typing import Any, Final
 from urllib.parse import quote
 
 from starlette.concurrency import run_in_threadpool
@@ -25,13 +26,31 @@ logger = logging.getLogger(__name__)
 
 ACTIONS_OFF: Final = (
     "Run actions are off because no dashboard password is set. Set PIKKU_DASHBOARD_PASSWORD "
-    "(or pass auth_token= to create_app) and sign in to resume, rerun, cancel or delete runs; "
+    "(or pass auth_token= to create_app) and sign in to resume, rerun, cancel or delete runs "
+    "and send them events; "
     "the password then also guards every page and the API."
 )
 
 
+NOT_JSON: Final = (
+    "The event's data is not JSON ({problem}), so nothing was sent. Write it as JSON, like "
+    '{{"approved": true}}, a number, or a text in double quotes ("yes"); leave it empty to '
+    "send null."
+)
+
+
+def _event_data(text: str) -> Any:
+    """The send form's data field: JSON, or nothing for null. Raises ValueError with why."""
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg} at character {exc.pos}") from None
+
+
 class ActionForms:
-    ACTIONS: Final = ("resume", "rerun", "cancel", "delete")
+    ACTIONS: Final = ("resume", "rerun", "cancel", "delete", "send")
 
     def __init__(self, dashboard: Dashboard) -> None:
         self.d = dashboard
@@ -54,6 +73,8 @@ class ActionForms:
         async with request.form(max_files=0, max_fields=10) as form:
             token = form.get(CSRF_FIELD)
             step = form.get("step")
+            name = form.get("name")
+            data_text = form.get("data")
         if not isinstance(token, str) or not auth.csrf_ok(request, token):
             return self._refuse(
                 request,
@@ -66,22 +87,42 @@ class ActionForms:
                 request,
                 404,
                 "Not available",
-                f"This dashboard was started without run actions, so it cannot {action} runs.",
+                "This dashboard was started without run actions, so it cannot "
+                f"{'send events to' if action == 'send' else action} runs; start it with "
+                "your app (pikku-celery dashboard --app module:pikku, or "
+                "create_app(actions=pikku)).",
             )
         if action == "rerun" and not (isinstance(step, str) and step):
             return self._refuse(request, 400, "Bad request", "Say which step to rerun from.")
+        event: tuple[str, Any] | None = None
+        if action == "send":
+            if not (isinstance(name, str) and name.strip()):
+                return self._refuse(
+                    request,
+                    400,
+                    "Bad request",
+                    "Say which event to send: its name, the one the workflow's "
+                    "ctx.wait_for(name) waits for.",
+                )
+            try:
+                event = (name, _event_data(data_text if isinstance(data_text, str) else ""))
+            except ValueError as exc:
+                return self._refuse(request, 400, "Bad event data", NOT_JSON.format(problem=exc))
         try:
-            await run_in_threadpool(self._do, action, run_id, step if isinstance(step, str) else "")
+            await run_in_threadpool(
+                self._do, action, run_id, step if isinstance(step, str) else "", event
+            )
         except NotFoundError as exc:
             return self._refuse(request, 404, "Not found", str(exc))
         except PikkuCeleryError as exc:
-            return self._refuse(request, 409, f"Could not {action} the run", str(exc))
+            what = "send the event" if action == "send" else f"{action} the run"
+            return self._refuse(request, 409, f"Could not {what}", str(exc))
         if action == "delete":
             root = self.d.root(request)
             return RedirectResponse(f"{root}/?deleted={quote(run_id, safe='')}", status_code=303)
         return RedirectResponse(f"{self.d.run_url(request, run_id)}?done={action}", status_code=303)
 
-    def _do(self, action: str, run_id: str, step: str) -> None:
+    def _do(self, action: str, run_id: str, step: str, event: tuple[str, Any] | None) -> None:
         logger.info(
             "dashboard: %s run %s",
             action,
@@ -98,5 +139,8 @@ class ActionForms:
             actions.resume(run_id)
         elif action == "rerun":
             actions.rerun(run_id, step)
+        elif action == "send":
+            assert event is not None  # checked by the caller
+            actions.send(run_id, *event)
         else:
             actions.cancel(run_id)

@@ -9,15 +9,23 @@ from __future__ import annotations
 from pikku_celery.payloads import (
     attempt_json,
     attempts_by_step,
+    event_json,
     flower_task_url,
+    run_document,
     run_json,
+    run_parent,
     step_json,
+    step_wait,
 )
 
 __all__ = [
     "attempt_json",
     "attempts_by_step",
+    "event_json",
     "flower_task_url",
+    "run_document",
     "run_json",
+    "run_parent",
     "step_json",
+    "step_wait",
 ]

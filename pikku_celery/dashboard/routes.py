@@ -23,14 +23,16 @@ from pikku_celery.dashboard.metrics import CONTENT_TYPE, collect_metrics
 from pikku_celery.dashboard.payloads import (
     attempts_by_step,
     flower_task_url,
+    run_document,
     run_json,
-    step_json,
+    run_parent,
+    step_wait,
 )
 from pikku_celery.dashboard.timeline import render_timeline
 from pikku_celery.errors import InvalidStatus, NotFoundError, RunNotFound, StoreError
 from pikku_celery.store import WorkflowRun
 from pikku_celery.store.base import now
-from pikku_celery.store.models import RUN_STATUSES
+from pikku_celery.store.models import RUN_STATUSES, run_kind
 
 __all__ = ["Views"]
 
@@ -155,13 +157,22 @@ class Views:
         run = store.get_run(run_id)
         steps = store.list_step_states(run_id)
         history = store.get_run_history(run_id)
+        events = store.list_events(run_id)
         by_step = attempts_by_step(history)
         done = request.query_params.get("done")
+        waits = [wait for wait in map(step_wait, steps) if wait is not None and wait.waiting]
         return self.d.render(
             request,
             "run.html",
             run=run,
-            steps=[(step, by_step.get(step.step_id, [])) for step in steps],
+            steps=[(step, by_step.get(step.step_id, []), step_wait(step)) for step in steps],
+            parent=run_parent(run),
+            events=events,
+            step_names={step.step_id: step.step_name for step in steps},
+            # Only a durable workflow's ctx.wait_for takes events; the form offers
+            # the event a step waits for now.
+            takes_events=run_kind(run.wire) == "workflow",
+            waiting_for=waits[0].event if waits else "",
             timeline=render_timeline(history, now()),
             flower=lambda task_id: flower_task_url(self.d.flower_url, task_id),
             done=done if done in ActionForms.ACTIONS else None,
@@ -210,12 +221,14 @@ class Views:
         run_id = request.path_params["run_id"]
         store = self.d.store
         run = store.get_run(run_id)
-        by_step = attempts_by_step(store.get_run_history(run_id))
-        steps = [
-            step_json(step, by_step.get(step.step_id, []), self.d.flower_url)
-            for step in store.list_step_states(run_id)
-        ]
-        return JSONResponse({"run": run_json(run), "steps": steps})
+        document = run_document(
+            run,
+            store.list_step_states(run_id),
+            store.get_run_history(run_id),
+            self.d.flower_url,
+            events=store.list_events(run_id),
+        )
+        return JSONResponse(document)
 
     def metrics(self, request: Request) -> Response:
         return Response(

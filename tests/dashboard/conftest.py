@@ -93,7 +93,7 @@ def lost_run(
 class RecordingActions:
     """Stands in for the application's RunActions: records each call."""
 
-    calls: list[tuple[str, ...]] = field(default_factory=list)
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
 
     def resume(self, run_id: str) -> None:
         self.calls.append(("resume", run_id))
@@ -103,6 +103,9 @@ class RecordingActions:
 
     def cancel(self, run_id: str) -> None:
         self.calls.append(("cancel", run_id))
+
+    def send(self, run_id: str, name: str, data: Any = None) -> None:
+        self.calls.append(("send", run_id, name, data))
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Markup in a step's name, error and result stays text in a real browser.
+"""Markup in a step's name, error, result and branch, and in an event's name and data,
+stays text in a real browser.
 
 The HTML tests check the served bytes; this one checks what Chromium builds
 from them, which is what an attacker's payload has to get past.
@@ -26,6 +27,7 @@ from tests.dashboard.test_browser import dashboard_url as dashboard_url
 
 PAYLOAD = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=1">'
 SECRET_INPUT = {"card": "4111-secret-card-number"}
+EVENT_DATA = {"note": PAYLOAD}
 
 
 @dataclass(frozen=True)
@@ -33,11 +35,14 @@ class EvilRun:
     run_id: str
     step_name: str
     error_summary: str
+    event_name: str
+    branch: str
 
 
 @pytest.fixture
 def evil_run(pg_url: str) -> Iterator[EvilRun]:
-    """A completed run whose step failed once with the payload, then returned it."""
+    """A completed run whose step failed once with the payload, then returned it; the
+    payload is in the branch taken after that step and in an event sent to the run."""
     store = WorkflowStore(pg_url)
     run_id = store.create_run("escaping", SECRET_INPUT)
     try:
@@ -52,8 +57,11 @@ def evil_run(pg_url: str) -> Iterator[EvilRun]:
         store.record_attempt(step_id, 2, "scheduled", task_id=step_id, reason="retry")
         store.record_attempt(step_id, 2, "running", task_id=step_id)
         store.record_attempt(step_id, 2, "succeeded", result=PAYLOAD)
+        branch, event_name = f"branch {PAYLOAD}", f"event {PAYLOAD}"
+        store.set_branch_taken(step_id, branch)
+        store.send_event(run_id, event_name, EVENT_DATA)
         assert store.complete_run_if_done(run_id)
-        yield EvilRun(run_id, step_name, f"ValueError: boom {PAYLOAD}")
+        yield EvilRun(run_id, step_name, f"ValueError: boom {PAYLOAD}", event_name, branch)
     finally:
         store.delete_run(run_id)
         store.close()
@@ -107,6 +115,17 @@ def test_payloads_stay_text_on_the_run_and_runs_pages(
         result = step.locator("details[open] > pre")
         assert result.is_visible()
         assert result.inner_text() == json.dumps(PAYLOAD)
+        branch = step.locator("dd.branch")
+        assert branch.is_visible() and branch.inner_text() == evil_run.branch
+
+        event = page.locator("table.events tr.event")
+        assert event.count() == 1
+        name = event.locator("td.event-name")
+        assert name.is_visible() and name.inner_text() == evil_run.event_name
+        assert event.locator("td.taken-by").inner_text() == "not taken yet"
+        data = event.locator("pre.event-data")
+        assert data.is_visible()
+        assert data.inner_text() == json.dumps(EVENT_DATA, indent=2, ensure_ascii=False)
         assert_inert(page)
 
         page.goto(f"{dashboard_url}/")

@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from pikku_celery.cli_options import int_between, listed, parse_age
+from pikku_celery.cli_options import int_between, json_value, listed, parse_age
 
 
 @pytest.mark.parametrize(
@@ -49,3 +49,11 @@ def test_lists_from_options_else_the_environment(monkeypatch: pytest.MonkeyPatch
     assert listed(None, "PIKKU_X") == ["failed", "cancelled"]
     monkeypatch.delenv("PIKKU_X")
     assert listed(None, "PIKKU_X") is None
+
+
+def test_json_values_and_how_to_quote_what_is_not_one() -> None:
+    assert json_value('{"approved": true}') == {"approved": True}
+    assert json_value('"yes"') == "yes" and json_value("null") is None
+    for bad in ("yes", "{approved: true}", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="quote it for the shell"):
+            json_value(bad)
