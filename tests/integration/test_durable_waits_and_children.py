@@ -1,21 +1,18 @@
 """Child runs, waits for events, branches and idempotent starts, on the real store.
 
 A dispatcher records what replays send instead of sending it, and the test
-plays the worker: it replays each run a replay asked for, in order. The
-acceptance tests run the same engine on real workers.
+plays the worker (``tests.support.durable``): it replays each run a replay
+asked for, in order. The acceptance tests run the same engine on real workers.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery
 
 from pikku_celery import (
     EventTimeout,
@@ -27,73 +24,22 @@ from pikku_celery import (
     WorkflowStore,
     current_step,
 )
-from pikku_celery.integration import signals
 from pikku_celery.integration.step_info import PIKKU_NAMESPACE
 from pikku_celery.workflows.definition import Workflow
-from pikku_celery.workflows.replay import replay
+from tests.support.durable import Recorder, durable_pikku, settle
 from tests.support.threads import run_threads
-
-
-class Recorder:
-    """Stands in for the broker; keeps every replay asked for, and when."""
-
-    def __init__(self) -> None:
-        self.replays: list[tuple[str, dt.datetime | None]] = []
-        self.lock = threading.Lock()
-
-    def step(
-        self,
-        run_id: str,
-        step_id: str,
-        step_name: str,
-        task: Any,
-        args: Sequence[Any],
-        kwargs: dict[str, Any],
-        attempt: int,
-    ) -> None:
-        raise AssertionError("these workflows have no task steps")
-
-    def wake(self, run_id: str, step_id: str, attempt: int, at: dt.datetime) -> None:
-        raise AssertionError("these workflows do not sleep")
-
-    def orchestrate(self, run_id: str, at: dt.datetime | None = None) -> None:
-        with self.lock:
-            self.replays.append((run_id, at))
 
 
 @pytest.fixture
 def pikku(store: WorkflowStore) -> Iterator[PikkuCelery]:
-    app = Celery("durable", broker="memory://", set_as_current=False)
-    pikku = PikkuCelery(app, store=store)
-    pikku.workflows.dispatcher = Recorder()  # type: ignore[assignment]
-    yield pikku
-    del signals.registry[id(app)]
+    with durable_pikku(store) as pikku:
+        yield pikku
 
 
 def recorder(pikku: PikkuCelery) -> Recorder:
     dispatcher = pikku.workflows.dispatcher
     assert isinstance(dispatcher, Recorder)
     return dispatcher
-
-
-def settle(pikku: PikkuCelery, *, due_only: bool = True) -> list[str]:
-    """Replay what was asked for until nothing is; returns the outcomes in order.
-
-    A replay asked for at a later time (a wait's deadline) is left for later
-    unless ``due_only`` is False.
-    """
-    outcomes: list[str] = []
-    queue = recorder(pikku).replays
-    now = dt.datetime.now(dt.timezone.utc)
-    for _ in range(200):
-        due = [i for i, (_, at) in enumerate(queue) if not due_only or at is None or at <= now]
-        if not due:
-            return outcomes
-        run_id, _ = queue.pop(due[0])
-        run = pikku.store.get_run(run_id)
-        workflow = pikku.workflows.workflows[run.workflow]
-        outcomes.append(replay(pikku.store, workflow, run_id, recorder(pikku), run))
-    raise AssertionError("the replays never settled")
 
 
 # --- idempotent starts ------------------------------------------------------------------
