@@ -14,7 +14,7 @@ import contextlib
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
@@ -208,33 +208,24 @@ class InlineRunner:
 
     def resume(self, run_id: str) -> RunResult:
         """``pikku.resume``: new attempts for the failed steps, the rest kept; then run."""
-        self._open()
-        self._flush()  # what was published so far is in SQL, as it would be 40 ms later
-        self.pikku.resume(run_id)
-        self.run_until_idle()
-        return self.result(run_id)
+        return self._control(run_id, lambda: self.pikku.resume(run_id))
 
     def rerun(self, run_id: str, from_step: str) -> RunResult:
         """``pikku.rerun``: new attempts from ``from_step`` on; then run until idle."""
-        self._open()
-        self._flush()  # what was published so far is in SQL, as it would be 40 ms later
-        self.pikku.rerun(run_id, from_step)
-        self.run_until_idle()
-        return self.result(run_id)
+        return self._control(run_id, lambda: self.pikku.rerun(run_id, from_step))
 
     def cancel(self, run_id: str) -> RunResult:
         """``pikku.cancel``: the run cancelled and its open steps revoked; then run."""
-        self._open()
-        self._flush()  # what was published so far is in SQL, as it would be 40 ms later
-        self.pikku.cancel(run_id)
-        self.run_until_idle()
-        return self.result(run_id)
+        return self._control(run_id, lambda: self.pikku.cancel(run_id))
 
     def send(self, run_id: str, name: str, data: Any = None) -> RunResult:
         """``pikku.send``: an event for a run waiting for it; then run until idle."""
+        return self._control(run_id, lambda: self.pikku.send(run_id, name, data))
+
+    def _control(self, run_id: str, call: Callable[[], object]) -> RunResult:
         self._open()
         self._flush()  # what was published so far is in SQL, as it would be 40 ms later
-        self.pikku.send(run_id, name, data)
+        call()
         self.run_until_idle()
         return self.result(run_id)
 
