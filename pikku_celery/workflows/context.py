@@ -147,6 +147,9 @@ class WorkflowContext:
             ):
                 if deadline is not None:
                     self._dispatcher.orchestrate(self.run_id, at=deadline)
+            else:  # a concurrent replay claimed the wait first: its step and deadline count
+                won = self._store.get_step_state(self.run_id, key)
+                step_id, data = won.step_id, dict(won.data or {})
             attempt = 1
         else:
             self._check_task(key, step, WAIT)
