@@ -24,6 +24,7 @@ check: $(STAMP)
 	$(BIN)/ruff check pikku_celery tests bench
 	$(BIN)/ruff format --check pikku_celery tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix pikku_celery tests bench

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pikku_celery.app import PikkuCelery
 from pikku_celery.errors import (
     ConfigurationError,
     EventTimeout,
@@ -23,7 +24,6 @@ from pikku_celery.errors import (
     StoreUnavailable,
     WaitTimeout,
 )
-from pikku_celery.integration.app import PikkuCelery
 from pikku_celery.integration.step_info import StepInfo, current_step
 from pikku_celery.integration.task import WorkflowTask
 from pikku_celery.store import StepAttempt, StepState, WorkflowRun, WorkflowStore, WorkflowVersion

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
+from pikku_celery.app import PikkuCelery
 from pikku_celery.errors import ConfigurationError
-from pikku_celery.integration.app import PikkuCelery
 
 __all__ = ["ENV_APP", "load_pikku", "user_app"]
 

@@ -23,10 +23,15 @@ from pikku_celery.errors import (
 from pikku_celery.payloads import run_document, run_json
 from pikku_celery.progress import Progress
 from pikku_celery.report import format_run, format_runs
-from pikku_celery.store import WorkflowStore
-from pikku_celery.store.base import now
-from pikku_celery.store.engine import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, safe_url
-from pikku_celery.store.prune import DEFAULT_PRUNE_STATUSES, PruneCount
+from pikku_celery.store import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_PRUNE_STATUSES,
+    ENV_DATABASE_URL,
+    PruneCount,
+    WorkflowStore,
+    now,
+    safe_url,
+)
 
 EXIT_OK: Final = 0
 EXIT_ERROR: Final = 1

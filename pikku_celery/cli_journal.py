@@ -8,9 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pikku_celery.integration.mirror import CeleryMirror
-from pikku_celery.store import WorkflowStore
-from pikku_celery.store.engine import safe_url
-from pikku_celery.store.journal import ENV_JOURNAL_DIR, SUFFIX, journal_depth
+from pikku_celery.store import ENV_JOURNAL_DIR, SUFFIX, WorkflowStore, journal_depth, safe_url
 
 __all__ = ["add_journal_command", "cmd_journal"]
 

@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 from pikku_celery.report import format_history, format_runs
-from pikku_celery.store import WorkflowStore
-from pikku_celery.store.models import SETTLED_RUN_STATUSES
+from pikku_celery.store import SETTLED_RUN_STATUSES, WorkflowStore
 
 __all__ = ["run_demo"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import Celery
 
-from pikku_celery.integration.app import PikkuCelery
+from pikku_celery.app import PikkuCelery
 
 _folder = Path(os.environ.get("PIKKU_DEMO_FOLDER", ".pikku-demo"))
 _broker = os.environ.get("PIKKU_DEMO_BROKER_URL") or "filesystem://"

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from pikku_celery.store import RunEvent, StepAttempt, StepState, WorkflowRun
-from pikku_celery.store.models import WAIT_RPC
+from pikku_celery.store import WAIT_RPC, RunEvent, StepAttempt, StepState, WorkflowRun
 
 __all__ = [
     "RunParent",

@@ -14,8 +14,7 @@ from starlette.responses import HTMLResponse
 
 from pikku_celery.dashboard.actions import RunActions
 from pikku_celery.dashboard.auth import CSRF_FIELD, DashboardAuth
-from pikku_celery.integration.reaper import LOST_ERROR_TYPE
-from pikku_celery.store import WorkflowStore
+from pikku_celery.store import LOST_ERROR_TYPE, WorkflowStore
 
 __all__ = ["Dashboard", "make_templates"]
 

@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 from starlette.datastructures import QueryParams
 
-from pikku_celery.store.models import RUN_STATUSES
+from pikku_celery.store import RUN_STATUSES
 
 __all__ = ["MAX_LIMIT", "RunFilters"]
 

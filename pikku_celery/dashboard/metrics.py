@@ -13,11 +13,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from pikku_celery.store import WorkflowStore
-from pikku_celery.store.engine import safe_url
-from pikku_celery.store.journal import default_journal_dir, journal_depth, journal_folder
-from pikku_celery.store.models import RUN_STATUSES
-from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts
+from pikku_celery.store import (
+    RUN_STATUSES,
+    AttemptCount,
+    AttemptTotals,
+    OpenStepCounts,
+    WorkflowStore,
+    default_journal_dir,
+    journal_depth,
+    journal_folder,
+    safe_url,
+)
 
 __all__ = ["CONTENT_TYPE", "collect_metrics", "escape_label", "format_metrics"]
 

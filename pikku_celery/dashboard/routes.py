@@ -30,9 +30,7 @@ from pikku_celery.dashboard.payloads import (
 )
 from pikku_celery.dashboard.timeline import render_timeline
 from pikku_celery.errors import InvalidStatus, NotFoundError, RunNotFound, StoreError
-from pikku_celery.store import WorkflowRun
-from pikku_celery.store.base import now
-from pikku_celery.store.models import RUN_STATUSES, run_kind
+from pikku_celery.store import RUN_STATUSES, WorkflowRun, now, run_kind
 
 __all__ = ["Views"]
 

@@ -33,8 +33,7 @@ from pikku_celery.integration.events import (
     StepDispatched,
     StepPublished,
 )
-from pikku_celery.store.batch import MirrorBatch, NewStep, RunOutcome, StepTransition
-from pikku_celery.store.models import STATUS_RANK
+from pikku_celery.store import STATUS_RANK, MirrorBatch, NewStep, RunOutcome, StepTransition
 
 __all__ = ["Pending", "plan"]
 

@@ -31,8 +31,7 @@ from typing import Final
 from pikku_celery.errors import StoreConflict, StoreError, Transient
 from pikku_celery.integration.apply import Pending, plan
 from pikku_celery.integration.events import MirrorEvent, decode, encode
-from pikku_celery.store import WorkflowStore
-from pikku_celery.store.journal import Journal, JournalEntry, orphaned_journals
+from pikku_celery.store import Journal, JournalEntry, WorkflowStore, orphaned_journals
 
 __all__ = ["ENV_FLUSH_INTERVAL", "FLUSH_INTERVAL", "Delivery", "DeliveryStats"]
 

@@ -43,10 +43,7 @@ from pikku_celery.integration.events import (
     StepPublished,
     new_event_id,
 )
-from pikku_celery.store import WorkflowStore
-from pikku_celery.store.attempt_writes import NewRun
-from pikku_celery.store.engine import safe_url
-from pikku_celery.store.journal import default_journal_dir, journal_folder
+from pikku_celery.store import NewRun, WorkflowStore, default_journal_dir, journal_folder, safe_url
 
 __all__ = ["CeleryMirror", "PublishedStep", "unserialisable"]
 

@@ -48,13 +48,18 @@ from celery import Celery
 
 from pikku_celery.integration import control
 from pikku_celery.integration import headers as h
-from pikku_celery.store import OpenAttempt, StaleStep, UnsentClaim, WorkflowStore
+from pikku_celery.store import (
+    LOST_ERROR_TYPE,
+    OpenAttempt,
+    StaleStep,
+    UnsentClaim,
+    WorkflowStore,
+)
 
-__all__ = ["LOST_ERROR_TYPE", "ReapReport", "Reaper", "visibility_timeout"]
+__all__ = ["ReapReport", "Reaper", "visibility_timeout"]
 
 logger = logging.getLogger(__name__)
 
-LOST_ERROR_TYPE: Final = "pikku_celery.WorkerLost"
 _CANVAS_HINT: Final = (
     "A step of a chain, group or chord cannot be published again on its own (the rest of "
     "the canvas travels in its message): set acks_late=True and "

@@ -15,21 +15,20 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol
 
 from celery import current_task, signals
 from celery.exceptions import Reject, Retry
 
 from pikku_celery.integration import control
 from pikku_celery.integration import headers as h
-from pikku_celery.integration.mirror import PublishedStep
-from pikku_celery.store.attempt_writes import NewRun
-from pikku_celery.store.codec import error_document
+from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
+from pikku_celery.integration.selection import TaskSelection
+from pikku_celery.integration.task import finished_results
+from pikku_celery.integration.upkeep import Upkeep
+from pikku_celery.store import NewRun, error_document
 
-if TYPE_CHECKING:
-    from pikku_celery.integration.app import PikkuCelery
-
-__all__ = ["RunContext", "current_run", "install", "registry"]
+__all__ = ["Installed", "RunContext", "current_run", "install", "registry"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +48,36 @@ current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
     "pikku_celery_current_run", default=None
 )
 
+
+class Installed(Protocol):
+    """What the handlers need of the object installed on an app (``PikkuCelery``, which
+    wires this layer and the workflows above it together, provides it)."""
+
+    @property
+    def app(self) -> Any: ...
+
+    @property
+    def mirror(self) -> CeleryMirror: ...
+
+    @property
+    def selection(self) -> TaskSelection: ...
+
+    def prepare_upkeep(self, hostname: str) -> Upkeep: ...
+
+    def start_upkeep(self, hostname: str) -> Upkeep: ...
+
+    def stop_upkeep(self) -> None: ...
+
+    def finished_result(self, step_id: str) -> tuple[bool, Any]: ...
+
+
 #: Every installed ``PikkuCelery``, by the id of its Celery app.
-registry: dict[int, PikkuCelery] = {}
+registry: dict[int, Installed] = {}
 
 
-def install(pikku: PikkuCelery) -> None:
+def install(pikku: Installed) -> None:
     registry[id(pikku.app)] = pikku
+    finished_results[id(pikku.app)] = pikku.finished_result
     control.register(_journal_folders)
     for signal, handler in _HANDLERS:
         signal.connect(handler, weak=False, dispatch_uid=_UID.format(handler.__name__))
@@ -85,7 +108,7 @@ def _journal_folders(app: Any) -> list[Path]:
 class Mirrored(NamedTuple):
     """A task the mirror records: the ``PikkuCelery`` that does, and the task's step name."""
 
-    pikku: PikkuCelery
+    pikku: Installed
     step_name: str
 
 

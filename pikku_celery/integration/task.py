@@ -14,7 +14,11 @@ if TYPE_CHECKING:
 else:
     _TaskBase = Task
 
-__all__ = ["WorkflowTask", "as_task_function", "default_step_name"]
+__all__ = ["WorkflowTask", "as_task_function", "default_step_name", "finished_results"]
+
+#: ``(True, result)`` for a step that already succeeded, by the id of its Celery app:
+#: handed in by whatever installs the mirror on the app (the workflow engine's answer).
+finished_results: dict[int, Callable[[str], tuple[bool, Any]]] = {}
 
 
 def default_step_name(task_name: str) -> str:
@@ -44,11 +48,9 @@ class WorkflowTask(_TaskBase):
         if getattr(request, "id", None) and h.from_request(request, h.ORCHESTRATED):
             # A workflow step dispatched twice (a replay crashed between sending
             # it and recording that) must not do its work twice.
-            from pikku_celery.integration.signals import registry
-
-            pikku = registry.get(id(self.app))
-            if pikku is not None:
-                done, result = pikku.workflows.finished_result(str(request.id))
+            finished_result = finished_results.get(id(self.app))
+            if finished_result is not None:
+                done, result = finished_result(str(request.id))
                 if done:
                     return result
         return super().__call__(*args, **kwargs)

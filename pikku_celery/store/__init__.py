@@ -1,8 +1,35 @@
-"""The SQL mirror: schema-backed reads and transactional writes. Knows nothing of Celery."""
+"""The SQL mirror: schema-backed reads and transactional writes. Knows nothing of Celery.
+
+This module is the store's one face: other layers import what ``__all__`` lists
+from here, never from the store's modules (``make check`` holds them to it).
+"""
 
 from __future__ import annotations
 
+from pikku_celery.store.attempt_writes import NewRun
+from pikku_celery.store.base import ErrorLike, now
+from pikku_celery.store.batch import MirrorBatch, NewStep, RunOutcome, StepTransition
+from pikku_celery.store.codec import error_document
+from pikku_celery.store.engine import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, safe_url
+from pikku_celery.store.journal import (
+    ENV_JOURNAL_DIR,
+    SUFFIX,
+    Journal,
+    JournalEntry,
+    default_journal_dir,
+    journal_depth,
+    journal_folder,
+    journaled_steps,
+    orphaned_journals,
+)
 from pikku_celery.store.models import (
+    CHILD_RPC_PREFIX,
+    LOST_ERROR_TYPE,
+    RUN_STATUSES,
+    SETTLED_RUN_STATUSES,
+    SLEEP_RPC,
+    STATUS_RANK,
+    WAIT_RPC,
     OpenAttempt,
     RunEvent,
     StaleStep,
@@ -11,18 +38,56 @@ from pikku_celery.store.models import (
     UnsentClaim,
     WorkflowRun,
     WorkflowVersion,
+    run_kind,
 )
+from pikku_celery.store.prune import DEFAULT_PRUNE_STATUSES, PruneCount
+from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts
 from pikku_celery.store.workflow_store import UNSET, WorkflowStore
+from pikku_celery.store.workflow_writes import child_error
 
 __all__ = [
+    "CHILD_RPC_PREFIX",
+    "DEFAULT_DATABASE_URL",
+    "DEFAULT_PRUNE_STATUSES",
+    "ENV_DATABASE_URL",
+    "ENV_JOURNAL_DIR",
+    "LOST_ERROR_TYPE",
+    "RUN_STATUSES",
+    "SETTLED_RUN_STATUSES",
+    "SLEEP_RPC",
+    "STATUS_RANK",
+    "SUFFIX",
     "UNSET",
+    "WAIT_RPC",
+    "AttemptCount",
+    "AttemptTotals",
+    "ErrorLike",
+    "Journal",
+    "JournalEntry",
+    "MirrorBatch",
+    "NewRun",
+    "NewStep",
     "OpenAttempt",
+    "OpenStepCounts",
+    "PruneCount",
     "RunEvent",
+    "RunOutcome",
     "StaleStep",
     "StepAttempt",
     "StepState",
+    "StepTransition",
     "UnsentClaim",
     "WorkflowRun",
     "WorkflowStore",
     "WorkflowVersion",
+    "child_error",
+    "default_journal_dir",
+    "error_document",
+    "journal_depth",
+    "journal_folder",
+    "journaled_steps",
+    "now",
+    "orphaned_journals",
+    "run_kind",
+    "safe_url",
 ]

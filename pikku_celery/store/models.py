@@ -14,6 +14,7 @@ from pikku_celery.errors import InvalidDuration
 __all__ = [
     "ATTEMPT_STATUSES",
     "CHILD_RPC_PREFIX",
+    "LOST_ERROR_TYPE",
     "RUN_STATUSES",
     "SETTLED_RUN_STATUSES",
     "SLEEP_RPC",
@@ -38,6 +39,8 @@ StepStatus = Literal["pending", "scheduled", "running", "lost", "succeeded", "fa
 # The task names recorded for the steps a workflow takes without a task of its own;
 # the reaper leaves them alone (nothing of theirs is held by a worker).
 SLEEP_RPC: Final = "pikku.sleep"
+#: The error type the reaper writes on an attempt whose worker is gone.
+LOST_ERROR_TYPE: Final = "pikku_celery.WorkerLost"
 WAIT_RPC: Final = "pikku.wait"
 CHILD_RPC_PREFIX: Final = "pikku.workflow:"
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from pikku_celery.integration.app import PikkuCelery
+    from pikku_celery.app import PikkuCelery
     from pikku_celery.testing.runner import InlineRunner
 
 __all__ = ["pikku_app", "pikku_inline"]

@@ -21,8 +21,8 @@ from typing import Any, Final
 
 from celery.canvas import Signature
 
+from pikku_celery.app import PikkuCelery
 from pikku_celery.errors import ConfigurationError, NeverIdle, StoreUnavailable
-from pikku_celery.integration.app import PikkuCelery
 from pikku_celery.integration.task import WorkflowTask
 from pikku_celery.store import WorkflowStore
 from pikku_celery.testing.broker import InMemoryBroker

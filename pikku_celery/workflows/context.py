@@ -15,9 +15,15 @@ from typing import Any, Protocol
 
 from pikku_celery.errors import ConfigurationError, EventTimeout, StepFailed, StepMismatch
 from pikku_celery.integration.step_info import StepInfo, idempotency_key, inline_step
-from pikku_celery.store import StepState, WorkflowStore
-from pikku_celery.store.codec import error_document
-from pikku_celery.store.models import CHILD_RPC_PREFIX, SLEEP_RPC, WAIT_RPC
+from pikku_celery.integration.task import WorkflowTask
+from pikku_celery.store import (
+    CHILD_RPC_PREFIX,
+    SLEEP_RPC,
+    WAIT_RPC,
+    StepState,
+    WorkflowStore,
+    error_document,
+)
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.faults import crash_point
 from pikku_celery.workflows.reopen import reopen
@@ -317,8 +323,6 @@ class WorkflowContext:
         kwargs: dict[str, Any],
         previous: str | None,
     ) -> Any:
-        from pikku_celery.integration.task import WorkflowTask
-
         if not isinstance(task, WorkflowTask):
             raise ConfigurationError(
                 f"Task {task.name!r} is not a pikku step, so its outcome would never reach "

@@ -11,7 +11,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from celery import Celery
 
@@ -24,15 +24,12 @@ from pikku_celery.errors import (
     WaitTimeout,
 )
 from pikku_celery.integration import headers as h
+from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.task import as_task_function
-from pikku_celery.store import WorkflowRun, WorkflowStore
-from pikku_celery.store.workflow_writes import child_error
+from pikku_celery.store import WorkflowRun, WorkflowStore, child_error
 from pikku_celery.workflows.definition import Workflow, code_version
 from pikku_celery.workflows.reopen import reopen
 from pikku_celery.workflows.replay import Outcome, parent_of, replay
-
-if TYPE_CHECKING:
-    from pikku_celery.integration.mirror import CeleryMirror
 
 __all__ = ["ORCHESTRATE_TASK", "WAKE_TASK", "WorkflowEngine"]
 

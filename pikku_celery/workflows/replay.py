@@ -9,10 +9,14 @@ import logging
 from typing import Any, Final, Literal
 
 from pikku_celery.errors import SerializationError, StepFailed, VersionConflict
-from pikku_celery.store import UNSET, WorkflowRun, WorkflowStore
-from pikku_celery.store.base import ErrorLike
-from pikku_celery.store.codec import error_document
-from pikku_celery.store.models import SETTLED_RUN_STATUSES
+from pikku_celery.store import (
+    SETTLED_RUN_STATUSES,
+    UNSET,
+    ErrorLike,
+    WorkflowRun,
+    WorkflowStore,
+    error_document,
+)
 from pikku_celery.workflows.context import Dispatcher, Suspend, WorkflowContext
 from pikku_celery.workflows.definition import Workflow
 

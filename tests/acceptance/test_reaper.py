@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from pikku_celery.integration.reaper import LOST_ERROR_TYPE, ReapReport
+from pikku_celery.integration.reaper import ReapReport
+from pikku_celery.store import LOST_ERROR_TYPE
 from tests.acceptance.conftest import ROOT, Worker, history_of, wait_until, worker_running
 
 

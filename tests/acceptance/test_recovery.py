@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
 from pikku_celery.integration import control
-from pikku_celery.integration.reaper import LOST_ERROR_TYPE
+from pikku_celery.store import LOST_ERROR_TYPE
 from tests.acceptance.conftest import Worker, effects, start_worker, wait_until, worker_running
 
 

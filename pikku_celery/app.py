@@ -18,8 +18,7 @@ from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
 from pikku_celery.integration.upkeep import ENV_REAPER_INTERVAL, REAPER_INTERVAL, Upkeep
-from pikku_celery.store import WorkflowStore
-from pikku_celery.store.engine import DEFAULT_DATABASE_URL, ENV_DATABASE_URL
+from pikku_celery.store import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, WorkflowStore
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.engine import WorkflowEngine
 
@@ -268,6 +267,10 @@ class PikkuCelery:
         if interval < 0:
             raise ConfigurationError("pikku_reaper_interval is 0 (off) or more seconds.")
         return interval
+
+    def finished_result(self, step_id: str) -> tuple[bool, Any]:
+        """(True, result) when the step already succeeded: a duplicate dispatch of it."""
+        return self.workflows.finished_result(step_id)
 
     def prepare_upkeep(self, hostname: str) -> Upkeep:
         """When a worker's main process starts: its upkeep, which notes when that was.
