@@ -65,7 +65,7 @@ from sqlalchemy.engine.interfaces import ExecuteStyle
 
 from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
 from pikku_celery.store import WorkflowStore
-from pikku_celery.store.attempt_writes import NewRun
+from pikku_celery.store.attempts import NewRun
 from pikku_celery.store.batch import MirrorBatch, NewStep, RunOutcome, StepTransition
 
 # Private, but importing it is what makes the floor's SQLite connection carry

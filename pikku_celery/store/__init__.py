@@ -6,7 +6,7 @@ from here, never from the store's modules (``make check`` holds them to it).
 
 from __future__ import annotations
 
-from pikku_celery.store.attempt_writes import NewRun
+from pikku_celery.store.attempts import NewRun
 from pikku_celery.store.base import ErrorLike, now
 from pikku_celery.store.batch import MirrorBatch, NewStep, RunOutcome, StepTransition
 from pikku_celery.store.codec import error_document
@@ -43,7 +43,7 @@ from pikku_celery.store.models import (
 from pikku_celery.store.prune import DEFAULT_PRUNE_STATUSES, PruneCount
 from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts
 from pikku_celery.store.workflow_store import UNSET, WorkflowStore
-from pikku_celery.store.workflow_writes import child_error
+from pikku_celery.store.workflows import child_error
 
 __all__ = [
     "CHILD_RPC_PREFIX",

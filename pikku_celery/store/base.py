@@ -16,7 +16,6 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from pikku_celery import migrate
 from pikku_celery.durations import format_duration
 from pikku_celery.errors import (
     InvalidStatus,
@@ -26,7 +25,7 @@ from pikku_celery.errors import (
     StoreError,
     StoreUnavailable,
 )
-from pikku_celery.schema import format_timestamp
+from pikku_celery.schema import format_timestamp, migrate
 from pikku_celery.store.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, error_document
 from pikku_celery.store.engine import configure_engine, make_engine, safe_url
 from pikku_celery.store.models import RUN_STATUSES

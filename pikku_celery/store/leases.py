@@ -15,8 +15,8 @@ import time
 import sqlalchemy as sa
 
 from pikku_celery.errors import ConfigurationError
-from pikku_celery.store import lease_queries as lq
 from pikku_celery.store.base import StoreBase
+from pikku_celery.store.sql import leases as lq
 
 __all__ = ["LeaseWrites"]
 

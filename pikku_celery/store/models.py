@@ -273,7 +273,7 @@ def run_kind(wire: Any) -> str:
 
 
 def _step_to_send(row: Mapping[Any, Any]) -> dict[str, Any]:
-    """The fields of a step the reaper may send again (``reap_queries._step_to_send``)."""
+    """The fields of a step the reaper may send again (``sql.reap``)."""
     return {
         "run_id": row["workflow_run_id"],
         "run_kind": run_kind(row["wire"]),

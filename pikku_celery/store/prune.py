@@ -16,9 +16,9 @@ from typing import Final
 import sqlalchemy as sa
 
 from pikku_celery.errors import InvalidStatus
-from pikku_celery.store import prune_queries as pq
 from pikku_celery.store.base import StoreBase
 from pikku_celery.store.models import RUN_STATUSES, SETTLED_RUN_STATUSES
+from pikku_celery.store.sql import prune as pq
 
 __all__ = ["DEFAULT_PRUNE_STATUSES", "PruneCount", "StorePrune"]
 

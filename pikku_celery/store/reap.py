@@ -13,10 +13,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pikku_celery.store import reap_queries as rq
-from pikku_celery.store.attempt_writes import AttemptWrites
+from pikku_celery.store.attempts import AttemptWrites
 from pikku_celery.store.base import now
 from pikku_celery.store.models import OpenAttempt, StaleStep, UnsentClaim
+from pikku_celery.store.sql import reap as rq
 
 __all__ = ["StoreReap"]
 

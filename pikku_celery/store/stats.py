@@ -10,9 +10,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pikku_celery.store import stats_queries as sq
 from pikku_celery.store.base import StoreBase, check_page, like_prefix, now, run_statuses
 from pikku_celery.store.models import WorkflowRun
+from pikku_celery.store.sql import stats as sq
 
 __all__ = ["AttemptCount", "AttemptTotals", "OpenStepCounts", "StoreStats"]
 

@@ -1,6 +1,7 @@
 """``WorkflowStore``: the transactional SQL mirror of runs, steps and attempts.
 
-The only code that sends SQL (statements live in ``queries``). Knows nothing
+Its runs, steps and versions; the other operations are its mixins, each beside
+its statements in ``store/sql/`` (``attempts`` / ``sql.attempts``, ...). Knows nothing
 of Celery. Every write takes an optional connection: given one, it runs there
 and leaves committing to the caller; otherwise it commits its own transaction.
 """
@@ -22,11 +23,10 @@ from pikku_celery.errors import (
     UnreadableValue,
     VersionNotFound,
 )
-from pikku_celery.store import queries as q
 from pikku_celery.store.base import UNSET, ErrorLike, StoreBase, _Unset, check_page, run_statuses
 from pikku_celery.store.base import new_id as _new_id
 from pikku_celery.store.base import now as _now
-from pikku_celery.store.batch_writes import BatchWrites
+from pikku_celery.store.batches import BatchWrites
 from pikku_celery.store.leases import LeaseWrites
 from pikku_celery.store.models import (
     RUN_STATUSES,
@@ -37,8 +37,9 @@ from pikku_celery.store.models import (
 )
 from pikku_celery.store.prune import StorePrune
 from pikku_celery.store.reap import StoreReap
+from pikku_celery.store.sql import workflow_store as q
 from pikku_celery.store.stats import StoreStats
-from pikku_celery.store.workflow_writes import WorkflowWrites
+from pikku_celery.store.workflows import WorkflowWrites
 
 __all__ = ["UNSET", "WorkflowStore"]
 

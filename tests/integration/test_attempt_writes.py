@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from pikku_celery import RunNotFound, StepNotFound, WorkflowStore
-from pikku_celery.store.attempt_writes import NewRun
+from pikku_celery.store.attempts import NewRun
 from tests.conftest import truncate
 from tests.support.statements import count_statements
 

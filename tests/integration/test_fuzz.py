@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pikku_celery import SerializationError, WorkflowStore
-from pikku_celery.store.attempt_writes import NewRun
+from pikku_celery.store.attempts import NewRun
 
 # The same store serves every example; each example makes its own run.
 FUZZ = settings(

@@ -20,7 +20,7 @@ from pikku_celery import WorkflowStore
 from pikku_celery.integration.events import AttemptStarted, AttemptSucceeded, encode
 from pikku_celery.integration.events import StepPublished as Published
 from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
-from pikku_celery.store.attempt_writes import NewRun
+from pikku_celery.store.attempts import NewRun
 from pikku_celery.store.journal import Journal, journal_depth, orphaned_journals
 from tests.support.tcp_proxy import TcpProxy
 

@@ -21,7 +21,7 @@ from pikku_celery import WorkflowStore
 from pikku_celery.integration.apply import Pending, plan
 from pikku_celery.integration.events import MirrorEvent, decode
 from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
-from pikku_celery.store.attempt_writes import NewRun
+from pikku_celery.store.attempts import NewRun
 from tests.support.statements import count_statements
 from tests.support.threads import run_threads
 

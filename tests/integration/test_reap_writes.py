@@ -6,7 +6,7 @@ import datetime as dt
 import uuid
 
 from pikku_celery import WorkflowStore
-from pikku_celery.store.attempt_writes import NewRun
+from pikku_celery.store.attempts import NewRun
 from tests.support.steps import LOST, running_step
 
 

@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from pikku_celery import WorkflowStore, migrate
-from pikku_celery.schema import metadata
+from pikku_celery import WorkflowStore
+from pikku_celery.schema import metadata, migrate
 from tests.conftest import PgServer
 
 EXPECTED_INDEXES = {

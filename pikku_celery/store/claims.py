@@ -8,11 +8,11 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from pikku_celery.errors import InvalidStatus, StepNotFound
-from pikku_celery.store import claim_queries as cq
-from pikku_celery.store import queries as q
-from pikku_celery.store.attempt_writes import AttemptWrites
+from pikku_celery.store.attempts import AttemptWrites
 from pikku_celery.store.base import UNSET, ErrorLike, _Unset, now
 from pikku_celery.store.models import RUN_STATUSES, StepState
+from pikku_celery.store.sql import claims as cq
+from pikku_celery.store.sql import workflow_store as q
 
 __all__ = ["ClaimWrites"]
 

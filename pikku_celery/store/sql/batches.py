@@ -1,6 +1,6 @@
 """Statements of the mirror's group commit that the single-event writes do not have.
 
-The transitions and new steps themselves reuse ``attempt_queries``: each is
+The transitions and new steps themselves reuse ``sql.attempts``: each is
 sent once per batch with many parameter sets (psycopg runs those in pipeline
 mode, one round trip), so a batch and a lone event obey the same guards.
 """
@@ -18,7 +18,7 @@ from pikku_celery.schema import mirror_deliveries as deliveries
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
-from pikku_celery.store.attempt_queries import (
+from pikku_celery.store.sql.attempts import (
     Source,
     all_steps_succeeded,
     attempt_upsert,

@@ -1,4 +1,4 @@
-"""Every statement the store sends, built once per shape and cached.
+"""The statements of ``WorkflowStore``'s own operations (runs, steps, versions).
 
 Parameters are always bound (``:name``); nothing user-supplied is ever put
 into SQL text. Statements for state changes are guarded conditional UPDATEs:

@@ -1,7 +1,7 @@
 """Writes addressed to attempt K of a step: what an event from a worker carries.
 
 Each method is safe to call late, twice, or before the event that should have
-come first; see ``attempt_queries`` for the rules that make that so.
+come first; see ``sql.attempts`` for the rules that make that so.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from sqlalchemy import exc as sa_exc
 
 from pikku_celery.durations import format_duration
 from pikku_celery.errors import InvalidStatus, RunNotFound, StepNotFound, StoreError
-from pikku_celery.store import attempt_queries as aq
-from pikku_celery.store import queries as q
 from pikku_celery.store.base import UNSET, ErrorLike, StoreBase, _Unset, like_prefix, new_id, now
+from pikku_celery.store.sql import attempts as aq
+from pikku_celery.store.sql import workflow_store as q
 
 __all__ = ["AttemptWrites", "NewRun"]
 

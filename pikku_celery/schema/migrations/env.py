@@ -1,6 +1,6 @@
 """Alembic environment for pikku-celery's own migrations.
 
-Runs only on a connection handed over by ``pikku_celery.migrate``; it keeps its
+Runs only on a connection handed over by ``pikku_celery.schema.migrate``; it keeps its
 own version table so it never meets the user's alembic history.
 """
 

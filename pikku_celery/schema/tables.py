@@ -4,7 +4,7 @@ The four tables and their column names are those of the Pikku workflow
 engine's SQL store, so its tools can read what pikku-celery writes; the forms
 of the values are the data contract (``docs/data-contract.md``). The schema
 is brought to a database only by the migrations shipped in
-``pikku_celery/migrations``; a test proves the two agree.
+``pikku_celery/schema/migrations`` (run by ``migrate``); a test proves the two agree.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
-from pikku_celery.store.reap_queries import not_a_wait
+from pikku_celery.store.sql.reap import not_a_wait
 
 __all__ = [
     "attempt_counts",

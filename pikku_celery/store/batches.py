@@ -20,8 +20,6 @@ import sqlalchemy as sa
 
 from pikku_celery.durations import stored_duration
 from pikku_celery.errors import InvalidStatus
-from pikku_celery.store import attempt_queries as aq
-from pikku_celery.store import batch_queries as bq
 from pikku_celery.store.base import StoreBase, like_prefix, new_id
 from pikku_celery.store.batch import (
     TRANSITION_STATUSES,
@@ -31,6 +29,8 @@ from pikku_celery.store.batch import (
     RunOutcome,
     StepTransition,
 )
+from pikku_celery.store.sql import attempts as aq
+from pikku_celery.store.sql import batches as bq
 
 __all__ = ["BatchWrites"]
 

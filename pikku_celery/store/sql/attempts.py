@@ -18,7 +18,7 @@ from sqlalchemy.sql.dml import Insert, Update
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
-from pikku_celery.store.queries import TIMESTAMP_COLUMN, ranked_below
+from pikku_celery.store.sql.workflow_store import TIMESTAMP_COLUMN, ranked_below
 
 __all__ = [
     "Source",

@@ -11,10 +11,10 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from pikku_celery.errors import RunIdTaken, RunNotFound, RunSettled, StepNotFound
-from pikku_celery.store import workflow_queries as wq
 from pikku_celery.store.base import UNSET, ErrorLike, _Unset, new_id, now
-from pikku_celery.store.claim_writes import ClaimWrites
+from pikku_celery.store.claims import ClaimWrites
 from pikku_celery.store.models import SETTLED_RUN_STATUSES, RunEvent
+from pikku_celery.store.sql import workflows as wq
 
 __all__ = ["WorkflowWrites"]
 

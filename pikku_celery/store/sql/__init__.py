@@ -1,0 +1,2 @@
+"""The statements the store sends, one module per operation module of the store
+(``attempts`` for ``store/attempts.py``, ``reap`` for ``store/reap.py``, ...)."""
