@@ -237,7 +237,8 @@ def durable(ctx: Any) -> list[int]:
 def slow_count(label: str) -> int:
     journal(f"slow_count start {os.getpid()}")
     time.sleep(2)
-    return count(label)
+    counted: int = count(label)  # a step is typed Any (pikku.step() returns Any)
+    return counted
 
 
 @pikku.step(name="shop.fragile")
@@ -383,7 +384,8 @@ def _count_replays(task: Any = None, args: Any = None, **_: Any) -> None:
 def slow_effect(label: str, seconds: float) -> int:
     journal(f"slow_effect start {os.getpid()} {label}")
     time.sleep(seconds)
-    return count(label)
+    counted: int = count(label)  # a step is typed Any (pikku.step() returns Any)
+    return counted
 
 
 @pikku.workflow("recoverable")

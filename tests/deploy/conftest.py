@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML has no types; its stubs are types-PyYAML
 
 from tests.conftest import REQUIRE_SERVICES
 

@@ -262,7 +262,7 @@ def test_events_set_aside_are_written_by_journal_replay_once_their_cause_is_fixe
 
     store.apply_batch = broken  # type: ignore[assignment,method-assign]
     assert mirror.flush()  # set aside, not blocking anything
-    store.apply_batch = real  # type: ignore[method-assign] - the fixed version
+    store.apply_batch = real  # type: ignore[method-assign]  # the fixed version
     journal = mirror.delivery._open()
     assert (journal.depth(), journal.set_aside_count()) == (0, 1)
     mirror.close()  # the process ends; its journal stays, holding the event

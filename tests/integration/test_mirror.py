@@ -388,11 +388,14 @@ def test_two_last_steps_ending_at_once_in_two_processes_complete_their_run(
         batches.append(plan([Pending(n, event) for n, event in enumerate(events)]))
         worker.close(timeout=0.1)
     second_done = threading.Event()
+
+    def apply_second() -> None:
+        store.apply_batch(batches[1])
+        second_done.set()
+
     with store.transaction() as first:
         store.apply_batch(batches[0], conn=first)  # not committed yet
-        other = threading.Thread(
-            target=lambda: (store.apply_batch(batches[1]), second_done.set()), daemon=True
-        )
+        other = threading.Thread(target=apply_second, daemon=True)
         other.start()
         # The second batch waits for the run's lock instead of judging on what it sees now.
         assert not second_done.wait(0.5)
@@ -415,9 +418,14 @@ def test_sqlite_batches_of_several_processes_take_the_write_lock_in_turn(
     step_id = str(uuid.uuid4())
     mirror.published(lone(step_id))
     done = threading.Event()
+
+    def flush() -> None:
+        mirror.flush()
+        done.set()
+
     with open(f"{path}-pikku-writers", "a+b") as turn:
         fcntl.flock(turn, fcntl.LOCK_EX)  # another process's batch is being written
-        flusher = threading.Thread(target=lambda: (mirror.flush(), done.set()), daemon=True)
+        flusher = threading.Thread(target=flush, daemon=True)
         flusher.start()
         assert not done.wait(0.3)  # queued behind it, not sleeping in SQLite's busy handler
         fcntl.flock(turn, fcntl.LOCK_UN)

@@ -4,6 +4,7 @@ attempts; nothing else goes. On SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -74,7 +75,7 @@ def test_unsettled_statuses_and_naive_times_are_refused(store: WorkflowStore) ->
 def test_the_batch_query_walks_the_status_created_index(store: WorkflowStore) -> None:
     """Each status is an index range scan that stops after the batch's worth of entries."""
     add_runs(store, 30, age=2 * MONTH)
-    seen: list[tuple[str, object]] = []
+    seen: list[tuple[str, Any]] = []  # the statement and the DBAPI parameters it was sent with
 
     def capture(conn: object, cursor: object, statement: str, params: object, *_: object) -> None:
         if "candidates" in statement:

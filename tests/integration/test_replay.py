@@ -46,6 +46,9 @@ class Recorder:
     def wake(self, run_id: str, step_id: str, attempt: int, at: dt.datetime) -> None:
         self.wakes.append((step_id, attempt))
 
+    def orchestrate(self, run_id: str, at: dt.datetime | None = None) -> None:
+        raise AssertionError("these workflows have no waits or child runs")
+
 
 class AddTask(WorkflowTask):
     name = "tests.add"
@@ -150,7 +153,11 @@ def test_inline_steps_run_once_and_state_is_written_once(store: WorkflowStore) -
     calls: list[int] = []
 
     def body(ctx: Any) -> Any:
-        token = ctx.do("token", lambda: calls.append(1) or f"tok-{len(calls)}")
+        def token_step() -> str:
+            calls.append(1)
+            return f"tok-{len(calls)}"
+
+        token = ctx.do("token", token_step)
         ctx.state["token"] = token
         ctx.do("wait", add, 1)
         return token

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 from celery import Celery, signals
+from celery.utils.dispatch import Signal
 
 from pikku_celery import PikkuCelery, WorkflowTask
 from pikku_celery.errors import ConfigurationError
@@ -11,7 +12,7 @@ from pikku_celery.integration import signals as pikku_signals
 from pikku_celery.integration.reaper import visibility_timeout
 
 
-def receivers_of(signal: signals.Signal) -> int:
+def receivers_of(signal: Signal) -> int:
     return sum(1 for key, _ in signal.receivers if str(key[0]).startswith("pikku_celery."))
 
 
@@ -44,8 +45,9 @@ def test_step_is_a_real_celery_task_with_celery_retries(tmp_path: Path) -> None:
     assert isinstance(charge, WorkflowTask)
     assert charge.name == "steps.charge"
     assert (charge.max_retries, charge.default_retry_delay) == (3, 2)
-    assert charge.autoretry_for == (Exception,)
-    assert charge.retry_backoff is True
+    # celery-types' Task stub lacks the autoretry options that Celery sets on the task class.
+    assert charge.autoretry_for == (Exception,)  # type: ignore[attr-defined]
+    assert charge.retry_backoff is True  # type: ignore[attr-defined]
     assert charge.step_name_for(charge.name) == "charge"
     assert charge(5) == 5  # still an ordinary callable
 
