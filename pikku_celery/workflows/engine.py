@@ -27,6 +27,7 @@ from pikku_celery.integration import headers as h
 from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.task import as_task_function
 from pikku_celery.store import WorkflowRun, WorkflowStore, child_error
+from pikku_celery.workflows.context import Dispatcher
 from pikku_celery.workflows.definition import Workflow, code_version
 from pikku_celery.workflows.reopen import reopen
 from pikku_celery.workflows.replay import Outcome, parent_of, replay
@@ -88,7 +89,7 @@ class WorkflowEngine:
     def __init__(self, app: Celery, mirror: CeleryMirror) -> None:
         self.app = app
         self._mirror = mirror
-        self.dispatcher = CeleryDispatcher(app)
+        self.dispatcher: Dispatcher = CeleryDispatcher(app)
         self.workflows: dict[str, Workflow] = {}
         orchestrate, wake = as_task_function(self._orchestrate), as_task_function(self._wake)
         app.task(name=ORCHESTRATE_TASK, acks_late=True, ignore_result=True, shared=False)(

@@ -55,7 +55,7 @@ def durable_pikku(store: WorkflowStore) -> Iterator[PikkuCelery]:
     """A PikkuCelery on ``store`` whose replays are recorded, not published."""
     app = Celery("faces", broker="memory://", set_as_current=False)
     pikku = PikkuCelery(app, store=store)
-    pikku.workflows.dispatcher = Recorder()  # type: ignore[assignment]
+    pikku.workflows.dispatcher = Recorder()
     try:
         yield pikku
     finally:
