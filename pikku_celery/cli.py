@@ -33,6 +33,8 @@ from pikku_celery.store import (
     safe_url,
 )
 
+__all__ = ["main"]
+
 EXIT_OK: Final = 0
 EXIT_ERROR: Final = 1
 EXIT_USAGE: Final = 2

@@ -15,6 +15,8 @@ from celery import Celery
 
 from pikku_celery.app import PikkuCelery
 
+__all__ = ["app", "charge", "pikku", "refund", "reserve", "ship"]
+
 _folder = Path(os.environ.get("PIKKU_DEMO_FOLDER", ".pikku-demo"))
 _broker = os.environ.get("PIKKU_DEMO_BROKER_URL") or "filesystem://"
 

@@ -41,6 +41,39 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+__all__ = [
+    "ConfigurationError",
+    "EventTimeout",
+    "InvalidDuration",
+    "InvalidStatus",
+    "NeverIdle",
+    "NotAWorkflowRun",
+    "NotFoundError",
+    "NotInAStep",
+    "PayloadTooLarge",
+    "PikkuCeleryError",
+    "RunCancelled",
+    "RunFailed",
+    "RunIdTaken",
+    "RunNotFound",
+    "RunSettled",
+    "SchemaNotCurrent",
+    "SerializationError",
+    "StepAlreadyExists",
+    "StepFailed",
+    "StepMismatch",
+    "StepNotFound",
+    "StoreConflict",
+    "StoreError",
+    "StoreUnavailable",
+    "Transient",
+    "UnreadableValue",
+    "VersionConflict",
+    "VersionNotFound",
+    "WaitTimeout",
+    "WorkflowError",
+]
+
 
 class PikkuCeleryError(Exception):
     """pikku-celery failed."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+__all__ = ["DISPATCH", "ORCHESTRATED", "PARENT_STEP", "RUN_ID", "STEP_NAME", "from_request"]
+
 RUN_ID: Final = "pikku_run_id"
 # The step's name in its run, as the mirror assigned it (or as the user chose it).
 STEP_NAME: Final = "pikku_step"

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import ast
 import types
+from pathlib import Path
 
 import pikku_celery
 from pikku_celery import errors
@@ -29,3 +31,32 @@ def test_every_error_has_one_root_and_a_message_that_says_what_to_do() -> None:
     assert str(errors.SchemaNotCurrent()).endswith("run `pikku-celery db upgrade`.")
     assert "insert_step_state" in str(errors.StepNotFound(run_id="r", step_name="s"))
     assert issubclass(errors.StoreUnavailable, errors.Transient)
+
+
+def test_every_error_is_exported_from_the_package() -> None:
+    classes = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, Exception)
+    }
+    assert classes <= set(errors.__all__)
+    assert set(errors.__all__) <= set(pikku_celery.__all__)
+
+
+def test_every_module_says_what_it_exports() -> None:
+    package = Path(pikku_celery.__file__).parent
+    # Alembic revisions are scripts that alembic loads by path, not modules to import from.
+    modules = [p for p in package.rglob("*.py") if "migrations" not in p.parts]
+    missing = [
+        str(path.relative_to(package))
+        for path in modules
+        if not any(
+            isinstance(node, ast.Assign | ast.AnnAssign)
+            and any(
+                getattr(target, "id", None) == "__all__"
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            )
+            for node in ast.parse(path.read_text()).body
+        )
+    ]
+    assert missing == []
