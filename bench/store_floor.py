@@ -120,7 +120,10 @@ class Floor:
 
     def __init__(self, store: WorkflowStore) -> None:
         self._pooled = store.engine.raw_connection()
-        self._conn: Any = self._pooled.driver_connection
+        conn = self._pooled.driver_connection
+        if conn is None:
+            raise RuntimeError("the store's engine gave a connection without a driver connection")
+        self._conn: Any = conn
         self._cursor = self._conn.cursor()
 
     def apply(self, calls: Sequence[Call]) -> None:
