@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test check format bench clean
+.PHONY: install demo test check format bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,7 @@ check: $(STAMP)
 	$(BIN)/ruff check pikku_celery tests bench
 	$(BIN)/ruff format --check pikku_celery tests bench
 	$(BIN)/mypy
+	$(BIN)/mypy -p bench
 	$(BIN)/lint-imports
 
 format: $(STAMP)
@@ -32,6 +33,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.store_bench $(BENCH_ARGS)
+
+# The store bench in its quick mode: small numbers, under a minute.
+bench-quick: $(STAMP)
+	$(BIN)/python -m bench.store_bench --quick $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache build dist *.egg-info

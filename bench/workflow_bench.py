@@ -42,7 +42,7 @@ for the bench database: over the whole timed phase, then over three more
 untimed runs of each kind. Each read waits until idle backends have flushed
 their statistics, which PostgreSQL 15 does within 10 s (``--stats-wait``).
 
-This module is also the worker's app: ``celery -A bench.workflow_bench
+This module is also the worker's app: ``celery -A bench.workflow_app
 worker`` builds it from ``WFBENCH_*`` environment variables at import. The
 bench creates and drops its own database (``pikku_bench_workflow``) and
 flushes its Redis database first.
@@ -56,45 +56,35 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import redis
-import sqlalchemy as sa
-from celery import Celery, chain, signals
-from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
-from sqlalchemy.engine import make_url
+from celery import chain
 
-import pikku_celery.integration.mirror
-import pikku_celery.store
-from bench.workers import stop_worker, wait_ready
-from pikku_celery import PikkuCelery
+from bench.harness.broker import DEFAULT_REDIS_URL, REDIS_URL_ENV, flush, redis_client
+from bench.harness.cpu import cpu_snapshot
+from bench.harness.postgres import DEFAULT_PG_URL, PG_URL_ENV, BenchDatabases
+from bench.harness.report import say
+from bench.harness.timing import p90
+from bench.harness.workers import clean_env, mirror_failures, running_worker
+from bench.sql_counts import Counts, SqlCounter, worker_counts
+from bench.workflow_app import (
+    BROKER_ENV,
+    CHAIN_NAME,
+    COUNT_DIR_ENV,
+    DATABASE_ENV,
+    BenchApp,
+    build_app,
+)
 from pikku_celery.store import StepAttempt
-from pikku_celery.workflows.definition import Workflow
 
-BROKER_ENV: Final = "WFBENCH_BROKER_URL"
-DATABASE_ENV: Final = "WFBENCH_DATABASE_URL"
-COUNT_DIR_ENV: Final = "WFBENCH_COUNT_DIR"
-
-DEFAULT_PG_URL: Final = "postgresql://postgres@127.0.0.1:5432/test"
-DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/10"
 DATABASE: Final = "pikku_bench_workflow"
-ROOT: Final = Path(__file__).resolve().parent.parent
 
-TASK_NAME: Final = "bench.workflow.inc"
-PLAIN_TASK_NAME: Final = "bench.workflow.plain_inc"
-PLAIN_LAST_TASK_NAME: Final = "bench.workflow.plain_last"
-WORKFLOW_NAME: Final = "seq"
-CHAIN_NAME: Final = "chain"
 KINDS: Final = ("workflow", "chain", "celery")
 CONCURRENCY: Final = 2
 WARMUP_RUNS: Final = 2
@@ -107,378 +97,8 @@ SECTIONS: Final = ("worker", "publish", "poll")
 TARGET: Final = 2.0
 # PostgreSQL 15 flushes an idle backend's statistics within 10 s.
 STATS_WAIT: Final = 11.0
-_STORE_DIR: Final = str(Path(pikku_celery.store.__file__).resolve().parent)
-_MIRROR_FILE: Final = str(Path(pikku_celery.integration.mirror.__file__).resolve())
-# Store methods whose label says which status they wrote (their SQL differs by it).
-_BY_STATUS: Final = frozenset({"record_attempt", "claim_step", "move_run"})
-
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-# --- statement counting (every process) ---------------------------------------------
-
-
-def _caller() -> str:
-    """What sent a statement or a commit: the outermost public ``WorkflowStore`` method
-    on the stack, else the ``CeleryMirror`` method (a transaction the mirror opened)."""
-    frame: Any = sys._getframe(2)
-    store: str | None = None
-    mirror: str | None = None
-    while frame is not None:
-        code = frame.f_code
-        name = code.co_name
-        if not name.startswith(("_", "<")):
-            if code.co_filename.startswith(_STORE_DIR):
-                store = name
-                if name in _BY_STATUS:
-                    status = frame.f_locals.get("status")
-                    store = f"{name}({status})" if isinstance(status, str) else name
-            elif code.co_filename == _MIRROR_FILE and name not in ("write", "record"):
-                mirror = f"mirror.{name}"
-        frame = frame.f_back
-    return store or mirror or "other"
-
-
-@dataclass
-class Counts:
-    """Statements (``section:store method``), transactions and tasks, summed over processes."""
-
-    statements: Counter[str] = field(default_factory=Counter)
-    transactions: Counter[str] = field(default_factory=Counter)
-    tasks: Counter[str] = field(default_factory=Counter)
-    #: Milliseconds spent waiting in psycopg's execute and commit, keyed like
-    #: ``statements`` (a commit as ``section:COMMIT method``).
-    sql_ms: dict[str, float] = field(default_factory=dict)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "statements": dict(self.statements),
-            "transactions": dict(self.transactions),
-            "tasks": dict(self.tasks),
-            "sql_ms": self.sql_ms,
-        }
-
-    def add(self, other: Counts) -> None:
-        self.statements.update(other.statements)
-        self.transactions.update(other.transactions)
-        self.tasks.update(other.tasks)
-        for key, value in other.sql_ms.items():
-            self.sql_ms[key] = self.sql_ms.get(key, 0.0) + value
-
-    def minus(self, other: Counts) -> Counts:
-        return Counts(
-            Counter(_delta(self.statements, other.statements)),
-            Counter(_delta(self.transactions, other.transactions)),
-            Counter(_delta(self.tasks, other.tasks)),
-            {key: value - other.sql_ms.get(key, 0.0) for key, value in self.sql_ms.items()},
-        )
-
-    def statements_in(self, *sections: str) -> int:
-        return sum(n for key, n in self.statements.items() if key.split(":", 1)[0] in sections)
-
-    def sql_ms_in(self, *sections: str) -> float:
-        return sum(ms for key, ms in self.sql_ms.items() if key.split(":", 1)[0] in sections)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Counts:
-        return cls(
-            Counter(data.get("statements", {})),
-            Counter(data.get("transactions", {})),
-            Counter(data.get("tasks", {})),
-            dict(data.get("sql_ms", {})),
-        )
-
-
-def _delta(after: Counter[str], before: Counter[str]) -> dict[str, int]:
-    return {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key)}
-
-
-class Probe:
-    """Counts this process's statements and transactions against the bench database.
-
-    ``section`` says on whose behalf: ``worker`` in the worker's children;
-    ``publish``, ``poll`` or ``other`` in the bench process.
-    """
-
-    def __init__(self, section: str) -> None:
-        self.section = section
-        self.counts = Counts()
-        self._started = 0.0
-        self._label = "other"
-
-    def install(self) -> None:
-        # On the Engine class: the store's engine and its autocommit view alike,
-        # and the engine a forked child makes after dropping its parent's pool.
-        sa.event.listen(sa.Engine, "before_cursor_execute", self._statement)
-        sa.event.listen(sa.Engine, "after_cursor_execute", self._statement_done)
-        sa.event.listen(sa.Engine, "commit", self._commit)
-        # SQLAlchemy has no event after a commit: time the dialect's own call.
-        commit: Callable[[Any, Any], None] = PGDialect_psycopg.do_commit
-
-        def timed_commit(dialect: Any, dbapi_connection: Any) -> None:
-            label = f"COMMIT {_caller()}"
-            started = time.perf_counter()
-            try:
-                commit(dialect, dbapi_connection)
-            finally:
-                self._add_sql_time(label, started)
-
-        PGDialect_psycopg.do_commit = timed_commit  # type: ignore[method-assign]
-
-    def reset(self) -> None:
-        self.counts = Counts()
-
-    def _add_sql_time(self, label: str, started: float) -> None:
-        key = f"{self.section}:{label}"
-        elapsed = (time.perf_counter() - started) * 1000
-        self.counts.sql_ms[key] = self.counts.sql_ms.get(key, 0.0) + elapsed
-
-    def _statement(self, conn: Any, cursor: Any, *_: Any) -> None:
-        self._label = _caller()
-        self.counts.statements[f"{self.section}:{self._label}"] += 1
-        # In autocommit every statement is a transaction of its own on the server.
-        if getattr(cursor.connection, "autocommit", False):
-            self.counts.transactions[self.section] += 1
-        self._started = time.perf_counter()  # last: the labelling is not SQL time
-
-    def _statement_done(self, *_: Any) -> None:
-        self._add_sql_time(self._label, self._started)
-
-    def _commit(self, conn: Any) -> None:
-        if not getattr(conn.connection.dbapi_connection, "autocommit", False):
-            self.counts.transactions[self.section] += 1
-
-    @contextmanager
-    def on_behalf(self, section: str) -> Iterator[None]:
-        previous, self.section = self.section, section
-        try:
-            yield
-        finally:
-            self.section = previous
-
-
-def _install_worker_probe(count_dir: Path) -> None:
-    """Count in each pool child; after each task, write its running totals to a file.
-
-    Written in ``task_postrun``, once the task's mirror writes and the replay
-    it queued are done, so once the files add up to every task the runs
-    needed, they hold all of those runs' SQL.
-    """
-    probe = Probe("worker")
-    probe.install()
-    files: dict[int, int] = {}
-
-    def child_start(**_: Any) -> None:
-        probe.reset()  # not the parent's counts
-
-    def flush(sender: Any = None, **_: Any) -> None:
-        probe.counts.tasks[str(getattr(sender, "name", "?"))] += 1
-        pid = os.getpid()
-        fd = files.get(pid)
-        if fd is None:
-            path = count_dir / f"worker-{pid}.json"
-            fd = files[pid] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        # Kept open and rewritten in place: about 10 us, where a new file and a
-        # rename took 200 us, a cost that would fall twice as often on a workflow
-        # step (two tasks) as on a chain step. A reader catching it between the
-        # truncate and the write sees an empty file and reads again.
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(probe.counts.as_json()).encode(), 0)
-
-    signals.worker_process_init.connect(child_start, weak=False, dispatch_uid="wfbench.start")
-    signals.task_postrun.connect(flush, weak=False, dispatch_uid="wfbench.flush")
-
-
-def worker_counts(count_dir: Path) -> Counts:
-    total = Counts()
-    for path in count_dir.glob("worker-*.json"):
-        for _ in range(50):
-            try:
-                total.add(Counts.from_json(json.loads(path.read_text())))
-                break
-            except (OSError, ValueError):
-                time.sleep(0.001)  # caught between the truncate and the write
-        else:
-            raise SystemExit(f"cannot read the worker's counts in {path}")
-    return total
-
-
-# --- the benchmark app (worker and bench process) --------------------------------------
-
-
-_clients: dict[tuple[int, str], redis.Redis] = {}
-
-
-def redis_client(url: str) -> redis.Redis:
-    """One client per process: a forked pool child must not share its parent's socket."""
-    key = (os.getpid(), url)
-    client = _clients.get(key)
-    if client is None:
-        client = _clients[key] = redis.Redis.from_url(url)
-    return client
-
-
-@dataclass(frozen=True)
-class BenchApp:
-    app: Celery
-    pikku: PikkuCelery
-    inc: Any
-    seq: Workflow
-    plain_inc: Any
-    plain_last: Any
-
-
-def build_app(broker_url: str, database_url: str) -> BenchApp:
-    app = Celery("workflow_bench", broker=broker_url)
-    app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)
-    pikku = PikkuCelery(app, database_url=database_url)
-
-    @pikku.step(name=TASK_NAME)
-    def inc(x: int) -> int:
-        return x + 1
-
-    @pikku.workflow(WORKFLOW_NAME)
-    def seq(ctx: Any, steps: int) -> int:
-        x = 0
-        for _ in range(steps):
-            x = ctx.do("inc", inc, x)
-        return x
-
-    # The floor: the same chain of plain Celery tasks, which pikku does not mirror.
-    @app.task(name=PLAIN_TASK_NAME)
-    def plain_inc(x: int) -> int:
-        return x + 1
-
-    @app.task(name=PLAIN_LAST_TASK_NAME)
-    def plain_last(x: int, key: str) -> int:
-        # No run row to read the end from: the last link says when it ran.
-        redis_client(broker_url).rpush(key, json.dumps([time.time(), x + 1]))
-        return x + 1
-
-    return BenchApp(app, pikku, inc, seq, plain_inc, plain_last)
-
-
-def _app_from_env() -> Celery | None:
-    broker_url = os.environ.get(BROKER_ENV)
-    database_url = os.environ.get(DATABASE_ENV)
-    if not broker_url or not database_url:
-        return None
-    count_dir = os.environ.get(COUNT_DIR_ENV)
-    if count_dir:
-        _install_worker_probe(Path(count_dir))
-    return build_app(broker_url, database_url).app
-
-
-#: What ``celery -A bench.workflow_bench`` loads (None outside the worker).
-app = _app_from_env()
-
-
-# --- the worker, the database, CPU ------------------------------------------------------
-
-
-class Database:
-    """The bench's own database on the PostgreSQL server, dropped at the end."""
-
-    def __init__(self, admin_url: str) -> None:
-        parsed = make_url(admin_url)
-        if parsed.get_backend_name() not in ("postgresql", "postgres"):
-            raise SystemExit(f"--pg-url must be a postgresql:// URL, not {parsed.drivername}://")
-        if parsed.database == DATABASE:
-            raise SystemExit(f"--pg-url names {DATABASE!r}, which the bench drops; use another.")
-        self._url = parsed.set(drivername="postgresql+psycopg")
-        self._admin = sa.create_engine(self._url, isolation_level="AUTOCOMMIT")
-
-    @property
-    def url(self) -> str:
-        return self._url.set(database=DATABASE).render_as_string(hide_password=False)
-
-    def create(self) -> None:
-        with self._admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-            conn.exec_driver_sql(f"CREATE DATABASE {DATABASE}")
-
-    def drop(self) -> None:
-        with self._admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        self._admin.dispose()
-
-    def transactions(self) -> int:
-        """Transactions the server has counted for the bench database so far."""
-        query = sa.text(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = :name"
-        )
-        with self._admin.connect() as conn:
-            return int(conn.execute(query, {"name": DATABASE}).scalar_one())
-
-    def settled_transactions(self, wait: float) -> int:
-        time.sleep(wait)  # idle backends flush their pending statistics meanwhile
-        return self.transactions()
-
-
-CPU_PARTS: Final = ("worker children", "worker main", "postgres backends", "bench process")
-
-
-def cpu_snapshot(worker_pid: int) -> dict[str, float]:
-    """CPU seconds used so far by the worker's processes and the bench database's backends.
-
-    Empty where there is no ``/proc``. Other databases' backends (other
-    users of the server) are not counted.
-    """
-    if not Path("/proc/stat").exists():
-        return {}
-    tick = os.sysconf("SC_CLK_TCK")
-    used: Counter[str] = Counter()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = Path(entry.path, "stat").read_text()
-            command = text[text.index("(") + 1 : text.rindex(")")]
-            rest = text[text.rindex(")") + 2 :].split()
-            if command == "postgres":
-                title = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, UnicodeDecodeError):
-            continue  # gone since the listing
-        pid, parent, ticks = int(entry.name), int(rest[1]), int(rest[11]) + int(rest[12])
-        if pid == worker_pid:
-            used["worker main"] += ticks
-        elif parent == worker_pid:
-            used["worker children"] += ticks
-        elif command == "postgres" and f" {DATABASE} " in title:
-            used["postgres backends"] += ticks
-    return {name: value / tick for name, value in used.items()}
-
-
-@contextmanager
-def running_worker(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    command = [
-        sys.executable, "-m", "celery", "-A", "bench.workflow_bench", "worker",
-        "--pool=prefork", "-c", str(CONCURRENCY), "-l", "warning",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "-n", "wfbench@%h",
-    ]  # fmt: skip
-    with log.open("ab") as output:
-        worker = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        wait_ready(worker, env[BROKER_ENV], log)
-        yield worker
-    finally:
-        stop_worker(worker)
-
-
-def mirror_failures(log: Path) -> list[str]:
-    text = log.read_text(errors="replace") if log.exists() else ""
-    markers = ("pikku-celery could not record", "pikku-celery signal handler", "Traceback")
-    return [line for line in text.splitlines() if any(marker in line for marker in markers)]
+# The CPU table's rows: the worker, the bench database's server side, this process.
+CPU_PARTS: Final = ("worker children", "worker main", "postgres", "this process")
 
 
 # --- running the kinds ------------------------------------------------------------------
@@ -520,7 +140,7 @@ class Bench:
     def __init__(
         self,
         bench: BenchApp,
-        probe: Probe,
+        probe: SqlCounter,
         count_dir: Path,
         steps: int,
         redis_url: str,
@@ -590,27 +210,18 @@ class Bench:
         Extra tasks (a duplicate replay) would be counted in the next batch and
         show up as a kind's task count differing from the expected one.
         """
-        before, cpu_before = self.counts(), cpu_snapshot(self.worker_pid)
+        before, cpu_before = self.counts(), cpu_snapshot(self.worker_pid, (DATABASE,))
         ours = os.times()
         started = [self.start(kind) for _ in range(count)]
         runs = [self.finish(kind, run_id, at) for run_id, at in started]
         expected = count * self.tasks_per_run(kind)
         counts = self.quiesce(before, expected)
         ours_after = os.times()
-        cpu_after = cpu_snapshot(self.worker_pid)
+        cpu_after = cpu_snapshot(self.worker_pid, (DATABASE,))
         cpu = {name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after}
         # Our own CPU without the /proc scans around it.
-        cpu["bench process"] = (ours_after.user + ours_after.system) - (ours.user + ours.system)
+        cpu["this process"] = (ours_after.user + ours_after.system) - (ours.user + ours.system)
         return Tally(kind, runs, counts, cpu, expected)
-
-
-# --- analysis -------------------------------------------------------------------------
-
-
-def p90(values: Sequence[float]) -> float:
-    if len(values) < 2:
-        return values[0]
-    return statistics.quantiles(values, n=10, method="inclusive")[8]
 
 
 @dataclass(frozen=True)
@@ -903,16 +514,10 @@ def check_runs(summaries: dict[str, KindSummary], store: Any) -> list[str]:
 # --- the driver -----------------------------------------------------------------------
 
 
-def worker_env(database: Database, redis_url: str, count_dir: Path) -> dict[str, str]:
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith(("BENCH_", "WFBENCH_", "PIKKU_"))
-    }
-    env[BROKER_ENV] = redis_url
-    env[DATABASE_ENV] = database.url
-    env[COUNT_DIR_ENV] = str(count_dir)
-    return env
+def worker_env(database_url: str, redis_url: str, count_dir: Path) -> dict[str, str]:
+    return clean_env(
+        {BROKER_ENV: redis_url, DATABASE_ENV: database_url, COUNT_DIR_ENV: str(count_dir)}
+    )
 
 
 def rotated(kinds: Sequence[str], turn: int) -> list[str]:
@@ -921,13 +526,16 @@ def rotated(kinds: Sequence[str], turn: int) -> list[str]:
     return [*kinds[shift:], *kinds[:shift]]
 
 
-def measure(args: argparse.Namespace, database: Database, work: Path) -> tuple[bool, list[str]]:
+def measure(
+    args: argparse.Namespace, database: BenchDatabases, work: Path
+) -> tuple[bool, list[str]]:
     count_dir = work / "counts"
     count_dir.mkdir()
     log = work / "worker.log"
-    probe = Probe("other")
+    probe = SqlCounter("other")
     probe.install()
-    bench_app = build_app(args.redis_url, database.url)
+    database_url = database.url(DATABASE)
+    bench_app = build_app(args.redis_url, database_url)
     store = bench_app.pikku.store
     store.init()
     kinds = [kind for kind in KINDS if kind != "celery" or not args.no_floor]
@@ -935,13 +543,17 @@ def measure(args: argparse.Namespace, database: Database, work: Path) -> tuple[b
     checks: dict[str, ServerCheck] = {}
     total_check: tuple[int, int] | None = None
     try:
-        with running_worker(worker_env(database, args.redis_url, count_dir), log) as worker:
+        env = worker_env(database_url, args.redis_url, count_dir)
+        pool = ("--pool=prefork", "-c", str(CONCURRENCY))
+        with running_worker(
+            "bench.workflow_app", "wfbench", pool, env, args.redis_url, log
+        ) as worker:
             bench = Bench(bench_app, probe, count_dir, args.steps, args.redis_url, worker.pid)
             say(f"worker ready; warming up with {WARMUP_RUNS} runs of each kind")
             for kind in kinds:
                 bench.batch(kind, WARMUP_RUNS)
             check = args.stats_wait > 0
-            baseline = database.settled_transactions(args.stats_wait) if check else 0
+            baseline = database.transactions(DATABASE, wait=args.stats_wait) if check else 0
             before = bench.counts()
             # One run (or --concurrent runs) of each kind in turn: a slow spell of the
             # shared machine falls on every kind alike.
@@ -954,7 +566,7 @@ def measure(args: argparse.Namespace, database: Database, work: Path) -> tuple[b
             say(f"{args.runs} runs of each kind in {time.monotonic() - clock:.1f} s")
             if check:
                 # The whole timed phase: what the server saw against what we counted.
-                server = database.settled_transactions(args.stats_wait)
+                server = database.transactions(DATABASE, wait=args.stats_wait)
                 # Not "other": that is the admin connection, to another database.
                 delta = bench.counts().minus(before).transactions
                 total_check = (server - baseline, sum(delta[s] for s in SECTIONS))
@@ -964,7 +576,7 @@ def measure(args: argparse.Namespace, database: Database, work: Path) -> tuple[b
                     extra = bench.batch(kind, 1)
                     for _ in range(CHECK_RUNS - 1):
                         extra.add(bench.batch(kind, 1))
-                    server = database.settled_transactions(args.stats_wait)
+                    server = database.transactions(DATABASE, wait=args.stats_wait)
                     checks[kind] = ServerCheck(
                         runs=CHECK_RUNS,
                         server=server - baseline,
@@ -998,7 +610,7 @@ def measure(args: argparse.Namespace, database: Database, work: Path) -> tuple[b
                 "its 6th use on a connection,\n   a Parse + Sync round trip that is a "
                 "transaction of its own and that no SQLAlchemy event sees)"
             )
-        failures = mirror_failures(log)
+        failures = mirror_failures(log, "Traceback")
         if failures:
             problems.append(f"the worker logged {len(failures)} failures, first: {failures[0]}")
         return ok, problems
@@ -1020,11 +632,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--pg-url",
-        default=os.environ.get("PIKKU_BENCH_PG_URL", DEFAULT_PG_URL),
-        help=f"PostgreSQL admin URL; the bench creates and drops {DATABASE} on that server",
+        default=DEFAULT_PG_URL,
+        help=f"PostgreSQL admin URL (default ${PG_URL_ENV} or the local server); the bench "
+        f"creates and drops {DATABASE} on that server",
     )
     parser.add_argument(
-        "--redis-url", default=DEFAULT_REDIS_URL, help="broker; this database is flushed first"
+        "--redis-url",
+        default=DEFAULT_REDIS_URL,
+        help=f"broker (default ${REDIS_URL_ENV} or the local server); this database is flushed",
     )
     parser.add_argument(
         "--stats-wait",
@@ -1051,8 +666,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    database = Database(args.pg_url)
-    redis.Redis.from_url(args.redis_url).flushdb()
+    database = BenchDatabases(args.pg_url, (DATABASE,))
+    flush(args.redis_url)
     database.create()
     work = Path(tempfile.mkdtemp(prefix="pikku-wfbench-"))
     try:

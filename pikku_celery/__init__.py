@@ -38,6 +38,7 @@ from pikku_celery.errors import (
 from pikku_celery.integration.step_info import StepInfo, current_step
 from pikku_celery.integration.task import WorkflowTask
 from pikku_celery.store import StepAttempt, StepState, WorkflowRun, WorkflowStore, WorkflowVersion
+from pikku_celery.workflows.definition import Workflow
 
 __version__ = "0.1.0"
 
@@ -75,6 +76,7 @@ __all__ = [
     "VersionConflict",
     "VersionNotFound",
     "WaitTimeout",
+    "Workflow",
     "WorkflowError",
     "WorkflowRun",
     "WorkflowStore",
