@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -29,18 +31,42 @@ def database_url_from_env() -> str:
     return os.environ.get(ENV_DATABASE_URL) or DEFAULT_DATABASE_URL
 
 
+# ``password=...`` in a query string (libpq takes it there too), up to the next ``&``.
+_QUERY_PASSWORD: Final = re.compile(r"(?i)([?&]password=)[^&]*")
+
+
+def _mask_text(text: str) -> str:
+    """A URL that does not parse, its password masked by hand: the user still sees what
+    they typed, so they can spot the typo, but never the secret."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "", text
+    # The last ``@`` ends the user info: a password may hold ``@`` or ``/`` unescaped, and
+    # masking too much is better than showing part of the secret.
+    user_info, at, host = rest.rpartition("@")
+    if at and ":" in user_info:
+        rest = f"{user_info.partition(':')[0]}:***@{host}"
+    return _QUERY_PASSWORD.sub(r"\1***", f"{scheme}{sep}{rest}")
+
+
 def safe_url(url: str | sa.URL) -> str:
-    """The URL with its password hidden, fit for logs and error messages."""
+    """The URL with its password hidden, fit for logs and error messages; a URL that does
+    not parse is shown as it was typed, its password masked all the same."""
+    if isinstance(url, str) and url.partition("://")[2].count("@") > 1:
+        # An unescaped ``@`` in the password: parsed, the rest of the password would be
+        # shown as the host.
+        return _mask_text(url)
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "<unparseable URL>"
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        return _mask_text(str(url))
 
 
 def _normalise(url: str | sa.URL) -> sa.URL:
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
+        parsed.port  # noqa: B018  (parsed lazily: a port that is not a number fails here)
+    except (ArgumentError, ValueError) as exc:
         raise ConfigurationError(
             f"{safe_url(url)!r} is not a database URL; use postgresql://user@host/db "
             "or sqlite:///path/to/file.db."
