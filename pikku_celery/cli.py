@@ -326,6 +326,8 @@ def _tally(count: PruneCount) -> str:
 ENV_JSON: Final = "PIKKU_JSON"
 ENV_RUNS_STATUS: Final = "PIKKU_RUNS_STATUS"
 ENV_PRUNE_STATUS: Final = "PIKKU_PRUNE_STATUS"
+# The variable the demo app itself reads (demo_app.py, the Procfile, compose): one name.
+ENV_DEMO_BROKER_URL: Final = "PIKKU_DEMO_BROKER_URL"
 
 
 def _add_app_option(parser: argparse.ArgumentParser, *, default: Any) -> None:
@@ -527,9 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run a sample workflow and show its history")
     demo.add_argument(
         "--broker-url",
-        default=os.environ.get("PIKKU_BROKER_URL"),
+        default=os.environ.get(ENV_DEMO_BROKER_URL) or None,
         help=_env_help(
-            "Celery broker URL (default: a temporary filesystem broker)", "PIKKU_BROKER_URL"
+            "Celery broker URL (default: a temporary filesystem broker)", ENV_DEMO_BROKER_URL
         ),
     )
     demo.add_argument(
