@@ -571,7 +571,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser(
         "healthcheck",
-        help=f"exit 0 when the database is reachable and current ({EXIT_ERROR}: unreachable, "
+        help=f"exit 0 when the database is reachable and current ({EXIT_ERROR}: unreachable or "
+        "none there, "
         f"{EXIT_SCHEMA_BEHIND}: schema behind)",
     ).set_defaults(func=cmd_healthcheck)
     _add_runs_commands(commands)
