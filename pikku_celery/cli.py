@@ -16,6 +16,7 @@ from pikku_celery.cli_options import env_flag, int_between, json_value, listed, 
 from pikku_celery.cli_reap import add_reap_command
 from pikku_celery.errors import (
     ConfigurationError,
+    InvalidStatus,
     NotAWorkflowRun,
     PikkuCeleryError,
     RunNotFound,
@@ -27,9 +28,12 @@ from pikku_celery.store import (
     DEFAULT_DATABASE_URL,
     DEFAULT_PRUNE_STATUSES,
     ENV_DATABASE_URL,
+    RUN_STATUSES,
+    SETTLED_RUN_STATUSES,
     PruneCount,
     WorkflowStore,
     now,
+    require_existing_database,
     safe_url,
 )
 
@@ -43,12 +47,17 @@ EXIT_SCHEMA_BEHIND: Final = 3
 logger = logging.getLogger("pikku_celery.cli")
 
 
-def _store(args: argparse.Namespace) -> WorkflowStore:
+def _store(args: argparse.Namespace, *, creates: bool = False) -> WorkflowStore:
+    """The store of ``--database-url``. Only a command that ``creates`` the database may
+    start from nothing: SQLite would make an empty file for any mistyped path, and every
+    other command would then report an empty database instead of a wrong path."""
+    if not creates:
+        require_existing_database(args.database_url)
     return WorkflowStore(args.database_url)
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    store = _store(args)
+    store = _store(args, creates=True)
     before = store.schema_revision()
     store.init()
     after = store.schema_revision()
@@ -111,7 +120,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     password = os.environ.get("PIKKU_DASHBOARD_PASSWORD") or None
     # With the user's app, resume, rerun, cancel and send can publish; they act on its database.
-    pikku = load_pikku(args.app) if args.app else None
+    pikku = load_pikku(args.app, args.named_database_url) if args.app else None
+    if pikku is not None:
+        require_existing_database(pikku.store.engine.url)
     store = pikku.store if pikku is not None else _store(args)
     try:
         app = create_app(store, actions=pikku, flower_url=args.flower_url, auth_token=password)
@@ -206,7 +217,7 @@ def cmd_runs_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_resume(args: argparse.Namespace) -> int:
-    with user_app(args.app, "runs resume") as pikku:
+    with user_app(args.app, "runs resume", args.named_database_url) as pikku:
         run = pikku.store.get_run(args.run_id)
         if run.status == "completed":
             print(f"Run {run.run_id} is completed; nothing to resume.")
@@ -220,7 +231,7 @@ def cmd_runs_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_rerun(args: argparse.Namespace) -> int:
-    with user_app(args.app, "runs rerun") as pikku:
+    with user_app(args.app, "runs rerun", args.named_database_url) as pikku:
         run = pikku.store.get_run(args.run_id)
         names = [step.step_name for step in pikku.store.list_step_states(run.run_id)]
         if args.from_step not in names:
@@ -234,7 +245,7 @@ def cmd_runs_rerun(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_cancel(args: argparse.Namespace) -> int:
-    with user_app(args.app, "runs cancel") as pikku:
+    with user_app(args.app, "runs cancel", args.named_database_url) as pikku:
         run = pikku.store.get_run(args.run_id)
         if run.status not in ("running", "suspended"):
             print(f"Run {run.run_id} is {run.status} already; nothing to cancel.")
@@ -250,7 +261,7 @@ def cmd_runs_send(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             "An event needs a name: the one the workflow's ctx.wait_for(NAME) waits for."
         )
-    with user_app(args.app, "runs send") as pikku:
+    with user_app(args.app, "runs send", args.named_database_url) as pikku:
         try:
             event_id = pikku.send(args.run_id, args.name, args.data)
         except NotAWorkflowRun as exc:
@@ -281,6 +292,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             "--older-than reaches before year 1; give a smaller age."
         ) from None
+    for status in statuses:  # a typo is reported before the database is even looked for
+        if status not in SETTLED_RUN_STATUSES:
+            kind = "prunable run" if status in RUN_STATUSES else "run"
+            raise InvalidStatus(kind, status, SETTLED_RUN_STATUSES)
     scope = f"{'/'.join(sorted(set(statuses)))} runs created before {before:%Y-%m-%d %H:%M:%S} UTC"
     store = _store(args)
     try:
@@ -315,6 +330,8 @@ def _tally(count: PruneCount) -> str:
 ENV_JSON: Final = "PIKKU_JSON"
 ENV_RUNS_STATUS: Final = "PIKKU_RUNS_STATUS"
 ENV_PRUNE_STATUS: Final = "PIKKU_PRUNE_STATUS"
+# The variable the demo app itself reads (demo_app.py, the Procfile, compose): one name.
+ENV_DEMO_BROKER_URL: Final = "PIKKU_DEMO_BROKER_URL"
 
 
 def _add_app_option(parser: argparse.ArgumentParser, *, default: Any) -> None:
@@ -324,7 +341,11 @@ def _add_app_option(parser: argparse.ArgumentParser, *, default: Any) -> None:
         default=default,
         help=_env_help(
             "your Celery app's module and its PikkuCelery instance, like proj.tasks:pikku "
-            "(default: the first PikkuCelery in the module); needed to publish",
+            "(default: the first PikkuCelery in the module); needed to publish. The app's "
+            "database is used unless --database-url or PIKKU_DATABASE_URL names one: the app "
+            "then gets that URL (as PIKKU_DATABASE_URL), and it is an error if the app names "
+            "another database itself (PikkuCelery(app, database_url=...) or "
+            "app.conf.pikku_database_url)",
             ENV_APP,
         ),
     )
@@ -483,8 +504,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--database-url",
-        default=os.environ.get(ENV_DATABASE_URL, DEFAULT_DATABASE_URL),
-        help=_env_help(f"database URL (default {DEFAULT_DATABASE_URL})", ENV_DATABASE_URL),
+        default=None,  # main() tells a URL that was given from the default (see --app)
+        help=_env_help(
+            f"database URL (default {DEFAULT_DATABASE_URL}); with --app, the app's "
+            "PikkuCelery is pointed at it, and an app that names another database itself "
+            "is an error",
+            ENV_DATABASE_URL,
+        ),
     )
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show tracebacks and debug logs"
@@ -507,9 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run a sample workflow and show its history")
     demo.add_argument(
         "--broker-url",
-        default=os.environ.get("PIKKU_BROKER_URL"),
+        default=os.environ.get(ENV_DEMO_BROKER_URL) or None,
         help=_env_help(
-            "Celery broker URL (default: a temporary filesystem broker)", "PIKKU_BROKER_URL"
+            "Celery broker URL (default: a temporary filesystem broker)", ENV_DEMO_BROKER_URL
         ),
     )
     demo.add_argument(
@@ -549,7 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser(
         "healthcheck",
-        help=f"exit 0 when the database is reachable and current ({EXIT_ERROR}: unreachable, "
+        help=f"exit 0 when the database is reachable and current ({EXIT_ERROR}: unreachable or "
+        "none there, "
         f"{EXIT_SCHEMA_BEHIND}: schema behind)",
     ).set_defaults(func=cmd_healthcheck)
     _add_runs_commands(commands)
@@ -571,6 +598,10 @@ def _describe(exc: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # A URL the user gave (option or variable), as opposed to the default: only a given one
+    # is handed to --app's PikkuCelery, which has a default of its own.
+    args.named_database_url = args.database_url or os.environ.get(ENV_DATABASE_URL) or None
+    args.database_url = args.named_database_url or DEFAULT_DATABASE_URL
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -8,12 +8,23 @@ from pathlib import Path
 from typing import Any
 
 from pikku_celery.integration.mirror import CeleryMirror
-from pikku_celery.store import ENV_JOURNAL_DIR, SUFFIX, WorkflowStore, journal_depth, safe_url
+from pikku_celery.store import (
+    ENV_JOURNAL_DIR,
+    SUFFIX,
+    WorkflowStore,
+    journal_depth,
+    require_existing_database,
+    safe_url,
+)
 
 __all__ = ["add_journal_command", "cmd_journal"]
 
 
 def cmd_journal(args: argparse.Namespace) -> int:
+    if args.replay:
+        # Writing needs the tables: at a mistyped SQLite path, an empty file would take
+        # the events instead of the database they were journaled for.
+        require_existing_database(args.database_url)
     store = WorkflowStore(args.database_url)
     mirror = CeleryMirror(store, journal_dir=args.journal_dir)
     folder = mirror.journal_folder

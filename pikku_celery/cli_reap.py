@@ -24,7 +24,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
         options["deadline"] = args.deadline.total_seconds()
     if args.redelivery_grace is not None:
         options["redelivery_grace"] = args.redelivery_grace.total_seconds()
-    with user_app(args.app, "reap") as pikku:
+    with user_app(args.app, "reap", args.named_database_url) as pikku:
         report = pikku.reap(**options)
     if args.json:
         print(json.dumps(report.as_dict(), ensure_ascii=False, indent=2))

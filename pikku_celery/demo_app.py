@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from kombu.transport import filesystem
 
 from pikku_celery.app import PikkuCelery
 
@@ -20,10 +21,26 @@ __all__ = ["app", "charge", "pikku", "refund", "reserve", "ship"]
 _folder = Path(os.environ.get("PIKKU_DEMO_FOLDER", ".pikku-demo"))
 _broker = os.environ.get("PIKKU_DEMO_BROKER_URL") or "filesystem://"
 
+
+class _Channel(filesystem.Channel):
+    """kombu's filesystem channel, which makes its folders when the broker is first used."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Here and not at import: importing the app (`--app pikku_celery.demo_app:pikku`)
+        # must leave nothing behind in the current folder; publishing or consuming writes.
+        for folder in (self.data_folder_in, self.data_folder_out, self.control_folder):
+            Path(folder).mkdir(parents=True, exist_ok=True)
+
+
+class FolderMakingTransport(filesystem.Transport):
+    Channel = _Channel
+
+
 app = Celery("pikku_demo", broker=_broker)
 if _broker.startswith("filesystem://"):
     messages = _folder / "messages"
-    messages.mkdir(parents=True, exist_ok=True)
+    app.conf.broker_transport = f"{__name__}:FolderMakingTransport"
     app.conf.broker_transport_options = {
         "data_folder_in": str(messages),
         "data_folder_out": str(messages),

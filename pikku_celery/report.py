@@ -46,7 +46,7 @@ def format_runs(runs: Iterable[WorkflowRun]) -> str:
                 run.workflow,
                 run.status,
                 run.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-                _short(run.error.get("message") if run.error else run.output),
+                _short(run.error.get("message") if run.error else _json(run.output)),
             ]
             for run in runs
         ],
@@ -65,7 +65,7 @@ def format_history(attempts: Iterable[StepAttempt]) -> str:
                 _time(a.running_at),
                 _time(a.ended_at),
                 _seconds(a.duration),
-                _short(_error(a.error) if a.error else a.result),
+                _short(_error(a.error) if a.error else _json(a.result)),
             ]
             for a in attempts
         ],
@@ -73,7 +73,15 @@ def format_history(attempts: Iterable[StepAttempt]) -> str:
 
 
 def _json(value: Any) -> str:
+    """A stored value as JSON, as ``--json`` and the dashboard show it (never a Python repr)."""
     return "" if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _traceback(error: Mapping[str, Any] | None, indent: str = "    ") -> list[str]:
+    text = (error or {}).get("traceback")
+    if not isinstance(text, str) or not text.strip():
+        return []
+    return [indent + line for line in text.rstrip().splitlines()]
 
 
 def _error(error: Mapping[str, Any] | None) -> str:
@@ -222,13 +230,12 @@ def format_run(
         )
     errors = [a for a in attempts if a.error]
     if errors:
-        # The table cuts messages short; here each is whole (tracebacks: --json).
-        parts.append(
-            "errors\n"
-            + "\n".join(
-                f"{a.step_name} #{a.attempt}: {' '.join(_error(a.error).split())}" for a in errors
-            )
-        )
+        # The table cuts messages short; here each is whole, its traceback indented under it.
+        lines = []
+        for a in errors:
+            lines.append(f"{a.step_name} #{a.attempt}: {' '.join(_error(a.error).split())}")
+            lines.extend(_traceback(a.error))
+        parts.append("errors\n" + "\n".join(lines))
     if events:
         parts.append(f"events (times UTC, {day.isoformat()})\n" + format_events(events, steps, day))
     return "\n\n".join(parts)

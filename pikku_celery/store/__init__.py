@@ -10,7 +10,13 @@ from pikku_celery.store.attempts import NewRun
 from pikku_celery.store.base import ErrorLike, now
 from pikku_celery.store.batch import MirrorBatch, NewStep, RunOutcome, StepTransition
 from pikku_celery.store.codec import error_document
-from pikku_celery.store.engine import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, safe_url
+from pikku_celery.store.engine import (
+    DEFAULT_DATABASE_URL,
+    ENV_DATABASE_URL,
+    require_existing_database,
+    safe_url,
+    same_database,
+)
 from pikku_celery.store.journal import (
     ENV_JOURNAL_DIR,
     SUFFIX,
@@ -88,6 +94,8 @@ __all__ = [
     "journaled_steps",
     "now",
     "orphaned_journals",
+    "require_existing_database",
     "run_kind",
     "safe_url",
+    "same_database",
 ]

@@ -27,7 +27,13 @@ from pikku_celery.errors import (
 )
 from pikku_celery.schema import format_timestamp, migrate
 from pikku_celery.store.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, error_document
-from pikku_celery.store.engine import configure_engine, make_engine, safe_url
+from pikku_celery.store.engine import (
+    configure_engine,
+    make_engine,
+    safe_url,
+    sqlite_file,
+    sqlite_path_hint,
+)
 from pikku_celery.store.models import RUN_STATUSES
 
 __all__ = ["UNSET", "ErrorLike", "StoreBase", "new_id", "now", "sqlite_value"]
@@ -181,6 +187,10 @@ class StoreBase:
                     "The workflow database rolled a transaction back because it conflicted "
                     f"with another ({type(exc.orig).__name__}); run it again."
                 ) from exc
+            if self.dialect == "sqlite" and "unable to open database file" in text:
+                # Still StoreUnavailable (the flusher keeps the events and retries), but
+                # "is it running" means nothing for a file: say which path was tried.
+                raise StoreUnavailable(self._unopenable_sqlite()) from exc
             if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError) or (
                 exc.connection_invalidated
             ):
@@ -192,6 +202,20 @@ class StoreBase:
                 f"The workflow database refused a statement ({type(exc.orig).__name__}: "
                 f"{str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ''})."
             ) from exc
+
+    def _unopenable_sqlite(self) -> str:
+        where = sqlite_path_hint(self.engine.url)
+        path = sqlite_file(self.engine.url)
+        if path is not None and not path.parent.is_dir():
+            return (
+                f"The SQLite database {where} cannot be opened: its folder {path.parent} does "
+                "not exist. Create the folder, or give the path of the database your workers "
+                "write to."
+            )
+        return (
+            f"The SQLite database {where} cannot be opened; check that the file (or, for a "
+            "new one, its folder) exists and that this user may write there."
+        )
 
     @contextmanager
     def _tx(self, conn: sa.Connection | None) -> Iterator[sa.Connection]:

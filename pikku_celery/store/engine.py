@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -11,7 +13,16 @@ from sqlalchemy.exc import ArgumentError
 
 from pikku_celery.errors import ConfigurationError
 
-__all__ = ["DEFAULT_DATABASE_URL", "database_url_from_env", "make_engine", "safe_url"]
+__all__ = [
+    "DEFAULT_DATABASE_URL",
+    "database_url_from_env",
+    "make_engine",
+    "require_existing_database",
+    "safe_url",
+    "same_database",
+    "sqlite_file",
+    "sqlite_path_hint",
+]
 
 DEFAULT_DATABASE_URL: Final = "sqlite:///pikku.db"
 ENV_DATABASE_URL: Final = "PIKKU_DATABASE_URL"
@@ -29,18 +40,42 @@ def database_url_from_env() -> str:
     return os.environ.get(ENV_DATABASE_URL) or DEFAULT_DATABASE_URL
 
 
+# ``password=...`` in a query string (libpq takes it there too), up to the next ``&``.
+_QUERY_PASSWORD: Final = re.compile(r"(?i)([?&]password=)[^&]*")
+
+
+def _mask_text(text: str) -> str:
+    """A URL that does not parse, its password masked by hand: the user still sees what
+    they typed, so they can spot the typo, but never the secret."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "", text
+    # The last ``@`` ends the user info: a password may hold ``@`` or ``/`` unescaped, and
+    # masking too much is better than showing part of the secret.
+    user_info, at, host = rest.rpartition("@")
+    if at and ":" in user_info:
+        rest = f"{user_info.partition(':')[0]}:***@{host}"
+    return _QUERY_PASSWORD.sub(r"\1***", f"{scheme}{sep}{rest}")
+
+
 def safe_url(url: str | sa.URL) -> str:
-    """The URL with its password hidden, fit for logs and error messages."""
+    """The URL with its password hidden, fit for logs and error messages; a URL that does
+    not parse is shown as it was typed, its password masked all the same."""
+    if isinstance(url, str) and url.partition("://")[2].count("@") > 1:
+        # An unescaped ``@`` in the password: parsed, the rest of the password would be
+        # shown as the host.
+        return _mask_text(url)
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "<unparseable URL>"
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        return _mask_text(str(url))
 
 
 def _normalise(url: str | sa.URL) -> sa.URL:
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
+        parsed.port  # noqa: B018  (parsed lazily: a port that is not a number fails here)
+    except (ArgumentError, ValueError) as exc:
         raise ConfigurationError(
             f"{safe_url(url)!r} is not a database URL; use postgresql://user@host/db "
             "or sqlite:///path/to/file.db."
@@ -52,6 +87,68 @@ def _normalise(url: str | sa.URL) -> sa.URL:
             "use postgresql:// (psycopg 3) or sqlite://."
         )
     return parsed.set(drivername=driver)
+
+
+def sqlite_file(url: str | sa.URL) -> Path | None:
+    """The absolute path a SQLite URL's file resolves to from the current folder (None: not
+    SQLite, in memory, or an SQLite ``file:`` URI, whose path SQLite itself reads)."""
+    parsed = _normalise(url)
+    database = parsed.database
+    if (
+        parsed.get_backend_name() != "sqlite"
+        or not database
+        or database == ":memory:"
+        or database.startswith("file:")
+        or parsed.query.get("uri") in ("true", "1")
+    ):
+        return None
+    return Path(os.path.abspath(database))
+
+
+def sqlite_path_hint(url: str | sa.URL) -> str:
+    """Where a SQLite URL points, and for a relative one how to write the absolute path: the
+    three slashes of ``sqlite:///tmp/x.db`` make ``tmp/x.db`` relative to the current folder."""
+    path = sqlite_file(url)
+    database = _normalise(url).database
+    if path is None or database is None:
+        return ""
+    if Path(database).is_absolute():
+        return str(path)
+    if database.startswith(".") or "/" not in database:
+        return f"{path} ({safe_url(url)} is relative to the current folder)"
+    return (
+        f"{path} ({safe_url(url)} is relative to the current folder; an absolute path needs "
+        f"four slashes, like sqlite:////{database})"
+    )
+
+
+def require_existing_database(url: str | sa.URL) -> None:
+    """For commands that only read or change what is there: SQLite would create an empty
+    file on connecting, so a mistyped path would look like a database without runs."""
+    path = sqlite_file(url)
+    if path is None or path.is_file():
+        return
+    absolute = f"sqlite:///{path}"
+    raise ConfigurationError(
+        f"There is no pikku-celery database at {sqlite_path_hint(url)}. Create one with "
+        f"`pikku-celery db upgrade --database-url {absolute}` (or WorkflowStore.init()), or "
+        "point at the database your workers write to (--database-url or PIKKU_DATABASE_URL)."
+    )
+
+
+def same_database(first: str | sa.URL, second: str | sa.URL) -> bool:
+    """Whether two URLs name one database: same server, user and database (SQLite: the same
+    file), whatever the driver alias, password or connection options."""
+    a, b = _normalise(first), _normalise(second)
+    if a.get_backend_name() == "sqlite" and b.get_backend_name() == "sqlite":
+        return (sqlite_file(a) or a.database) == (sqlite_file(b) or b.database)
+    return (a.drivername, a.username, a.host, a.port or 5432, a.database) == (
+        b.drivername,
+        b.username,
+        b.host,
+        b.port or 5432,
+        b.database,
+    )
 
 
 def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -25,6 +25,12 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 def test_db_commands_on_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
+    missing = cli("--database-url", url, "db", "check")
+    assert missing.returncode == 1
+    assert f"no pikku-celery database at {tmp_path / 'cli.db'}" in missing.stderr
+    assert "pikku-celery db upgrade" in missing.stderr
+    assert not (tmp_path / "cli.db").exists()  # a check creates nothing
+    (tmp_path / "cli.db").touch()  # an empty SQLite database: no schema yet
     behind = cli("--database-url", url, "db", "check")
     assert behind.returncode == 3
     assert "pikku-celery db upgrade" in behind.stderr

@@ -259,6 +259,10 @@ def test_prune_refuses_bad_ages_and_unsettled_statuses(tmp_path: Path) -> None:
 
 def test_healthcheck_exit_codes(tmp_path: Path, pg_server: PgServer) -> None:
     url = f"sqlite:///{tmp_path / 'health.db'}"
+    missing = cli("--database-url", url, "healthcheck")
+    assert "no pikku-celery database at" in one_line_error(missing)
+    assert not (tmp_path / "health.db").exists()
+    (tmp_path / "health.db").touch()  # an empty SQLite database: no schema yet
     behind = cli("--database-url", url, "healthcheck")
     assert behind.returncode == 3
     assert behind.stderr.count("\n") == 1 and "run `pikku-celery db upgrade`" in behind.stderr

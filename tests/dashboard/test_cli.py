@@ -37,6 +37,7 @@ def test_serves_with_settings_from_the_environment(
     monkeypatch.setenv("PIKKU_DASHBOARD_PORT", "9123")
     monkeypatch.setenv("PIKKU_FLOWER_URL", "http://flower.example:5555")
     monkeypatch.setenv("PIKKU_DASHBOARD_PASSWORD", "pw")
+    (tmp_path / "cli.db").touch()  # the dashboard reads a database, it never creates one
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     assert cli.main(["--database-url", url, "dashboard", "--host", "0.0.0.0"]) == cli.EXIT_OK
     assert (served["host"], served["port"]) == ("0.0.0.0", 9123)
@@ -47,6 +48,7 @@ def test_a_bad_flower_url_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    (tmp_path / "cli.db").touch()  # the dashboard reads a database, it never creates one
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     code = cli.main(["--database-url", url, "dashboard", "--flower-url", "javascript:alert(1)"])
     assert code == cli.EXIT_ERROR

@@ -39,5 +39,26 @@ def test_default_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_passwords_are_hidden() -> None:
-    assert "s3cret" not in safe_url("postgresql://app:s3cret@db/app")
-    assert safe_url("::nonsense::") == "<unparseable URL>"
+    assert safe_url("postgresql://app:s3cret@db/app") == "postgresql://app:***@db/app"
+
+
+@pytest.mark.parametrize(
+    ("typed", "shown"),
+    [
+        ("::nonsense::", "::nonsense::"),
+        ("postgresql://user:s3cret@host:port/db", "postgresql://user:***@host:port/db"),
+        ("postgresql://user:s3cr@t/x@host/db", "postgresql://user:***@host/db"),
+        ("user:s3cret@host/db", "user:***@host/db"),
+    ],
+)
+def test_a_url_that_does_not_parse_is_shown_as_typed_with_its_password_masked(
+    typed: str, shown: str
+) -> None:
+    assert safe_url(typed) == shown
+
+
+def test_a_port_that_is_not_a_number_is_a_configuration_error_naming_the_url() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        make_engine("postgresql://user:s3cret@host:port/db")
+    assert "'postgresql://user:***@host:port/db' is not a database URL" in str(raised.value)
+    assert "s3cret" not in str(raised.value)
