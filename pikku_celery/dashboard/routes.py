@@ -20,7 +20,9 @@ from pikku_celery.dashboard.context import Dashboard
 from pikku_celery.dashboard.filters import RunFilters
 from pikku_celery.dashboard.forms import ActionForms
 from pikku_celery.dashboard.metrics import CONTENT_TYPE, collect_metrics
-from pikku_celery.dashboard.payloads import (
+from pikku_celery.dashboard.timeline import render_timeline
+from pikku_celery.errors import InvalidStatus, NotFoundError, RunNotFound, StoreError
+from pikku_celery.render.documents import (
     attempts_by_step,
     flower_task_url,
     run_document,
@@ -28,8 +30,6 @@ from pikku_celery.dashboard.payloads import (
     run_parent,
     step_wait,
 )
-from pikku_celery.dashboard.timeline import render_timeline
-from pikku_celery.errors import InvalidStatus, NotFoundError, RunNotFound, StoreError
 from pikku_celery.store import RUN_STATUSES, WorkflowRun, now, run_kind
 
 __all__ = ["Views"]

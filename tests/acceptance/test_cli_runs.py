@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
-from pikku_celery import cli as cli_module
+from pikku_celery.cli import commands as cli_module
 from pikku_celery.errors import RunFailed
 from pikku_celery.store.prune import PruneCount
 from tests.acceptance.conftest import ROOT, worker_running

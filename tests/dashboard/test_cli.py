@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from pikku_celery import cli
+from pikku_celery.cli import commands as cli
 
 
 def test_help_names_every_environment_variable(capsys: pytest.CaptureFixture[str]) -> None:

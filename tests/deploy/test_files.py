@@ -102,5 +102,5 @@ def test_env_example_sets_what_the_stack_sets() -> None:
     for name in ("worker", "flower", "dashboard"):
         for variable in services[name]["environment"]:
             assert variable in example, (name, variable)
-    assert example["PIKKU_CELERY_APP"] == "pikku_celery.demo_app:pikku"
+    assert example["PIKKU_CELERY_APP"] == "pikku_celery.demo.app:pikku"
     assert example["PIKKU_DASHBOARD_PASSWORD"] == ""  # read-only until someone sets one

@@ -29,7 +29,7 @@ from tests.support.http import free_port, get_json
 BROKER = redis_db(11)
 PUBLISH = """
 from celery import chain
-from pikku_celery import demo_app as d
+from pikku_celery.demo import app as d
 print(d.pikku.run(chain(d.reserve.s(1), d.charge.s(), d.ship.s()), name="checkout", input={}))
 """
 
@@ -87,7 +87,7 @@ def honcho_running(database_url: str, tmp: Path, marker: str) -> Iterator[Stack]
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "PIKKU_DATABASE_URL": database_url,
         "PIKKU_DEMO_BROKER_URL": BROKER,
-        "PIKKU_CELERY_APP": "pikku_celery.demo_app:pikku",
+        "PIKKU_CELERY_APP": "pikku_celery.demo.app:pikku",
         "PIKKU_DASHBOARD_HOST": "127.0.0.1",
         "PIKKU_DASHBOARD_PORT": str(dashboard_port),
         "PIKKU_FLOWER_URL": f"http://127.0.0.1:{flower_port}",

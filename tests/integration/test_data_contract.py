@@ -19,7 +19,8 @@ from typing import Any, Final
 import pytest
 import sqlalchemy as sa
 
-from pikku_celery import WorkflowStore, cli
+from pikku_celery import WorkflowStore
+from pikku_celery.cli import commands as cli
 from pikku_celery.errors import InvalidDuration
 from pikku_celery.schema import COMPAT_SCHEMA
 from pikku_celery.store.batch import MirrorBatch, NewStep, StepTransition

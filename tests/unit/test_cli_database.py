@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from pikku_celery import WorkflowStore, cli
+from pikku_celery import WorkflowStore
+from pikku_celery.cli import commands as cli
 from pikku_celery.integration import signals
 
 READ_ONLY_COMMANDS = [

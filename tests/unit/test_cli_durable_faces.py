@@ -14,7 +14,8 @@ from types import ModuleType
 
 import pytest
 
-from pikku_celery import PikkuCelery, WorkflowStore, cli
+from pikku_celery import PikkuCelery, WorkflowStore
+from pikku_celery.cli import commands as cli
 from tests.support.durable import Recorder, ShippedOrder, durable_pikku, settle, shipped_order
 
 APP_MODULE = "faces_send_app"

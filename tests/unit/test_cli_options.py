@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from pikku_celery.cli_options import int_between, json_value, listed, parse_age
+from pikku_celery.cli.options import int_between, json_value, listed, parse_age
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pikku_celery import WorkflowStore, cli
-from pikku_celery.report import format_history, format_run, format_runs
+from pikku_celery import WorkflowStore
+from pikku_celery.cli import commands as cli
+from pikku_celery.render.text import format_history, format_run, format_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +29,7 @@ def test_the_demo_reads_the_broker_variable_the_demo_app_and_env_example_use(
     text = " ".join(capsys.readouterr().out.split())
     assert "[env: PIKKU_DEMO_BROKER_URL]" in text and "PIKKU_BROKER_URL" not in text
     assert "PIKKU_DEMO_BROKER_URL=" in (ROOT / ".env.example").read_text()
-    assert "PIKKU_DEMO_BROKER_URL" in (ROOT / "pikku_celery" / "demo_app.py").read_text()
+    assert "PIKKU_DEMO_BROKER_URL" in (ROOT / "pikku_celery" / "demo" / "app.py").read_text()
 
 
 def _python(code: str, cwd: Path, tmp_path: Path) -> None:
@@ -48,10 +49,10 @@ def _python(code: str, cwd: Path, tmp_path: Path) -> None:
 def test_importing_the_demo_app_creates_nothing_until_its_broker_is_used(tmp_path: Path) -> None:
     here = tmp_path / "here"
     here.mkdir()
-    _python("import pikku_celery.demo_app", here, tmp_path)
+    _python("import pikku_celery.demo.app", here, tmp_path)
     assert list(here.iterdir()) == []
     _python(
-        "from pikku_celery.demo_app import app\n"
+        "from pikku_celery.demo.app import app\n"
         "with app.connection_for_write() as connection:\n"
         "    connection.default_channel\n",
         here,

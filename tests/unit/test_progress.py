@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from pikku_celery.progress import Progress
+from pikku_celery.cli.progress import Progress
 
 
 class Terminal(io.StringIO):

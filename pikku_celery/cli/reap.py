@@ -7,8 +7,8 @@ import json
 import os
 from typing import Any
 
-from pikku_celery.app_loader import user_app
-from pikku_celery.cli_options import parse_age
+from pikku_celery.cli.app_loader import user_app
+from pikku_celery.cli.options import parse_age
 from pikku_celery.integration.reaper import ReapReport
 
 __all__ = ["add_reap_command", "cmd_reap", "format_reap"]

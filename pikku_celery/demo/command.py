@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pikku_celery.report import format_history, format_runs
+from pikku_celery.render.text import format_history, format_runs
 from pikku_celery.store import SETTLED_RUN_STATUSES, WorkflowStore
 
 __all__ = ["run_demo"]
@@ -46,7 +46,7 @@ def run_demo(database_url: str, broker_url: str | None = None) -> int:
         # kombu warns that a filesystem URL has no host; that is expected here.
         logging.getLogger("kombu.connection").setLevel(logging.ERROR)
 
-        from pikku_celery import demo_app
+        from pikku_celery.demo import app as demo_app
 
         store = demo_app.pikku.store
         store.init()
@@ -59,7 +59,7 @@ def run_demo(database_url: str, broker_url: str | None = None) -> int:
                     "-m",
                     "celery",
                     "-A",
-                    "pikku_celery.demo_app",
+                    "pikku_celery.demo.app",
                     "worker",
                     "--pool=prefork",
                     "--concurrency=2",

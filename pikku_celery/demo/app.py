@@ -27,7 +27,7 @@ class _Channel(filesystem.Channel):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Here and not at import: importing the app (`--app pikku_celery.demo_app:pikku`)
+        # Here and not at import: importing the app (`--app pikku_celery.demo.app:pikku`)
         # must leave nothing behind in the current folder; publishing or consuming writes.
         for folder in (self.data_folder_in, self.data_folder_out, self.control_folder):
             Path(folder).mkdir(parents=True, exist_ok=True)

@@ -10,10 +10,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn
 
-from pikku_celery.app_loader import ENV_APP, load_pikku, user_app
-from pikku_celery.cli_journal import add_journal_command
-from pikku_celery.cli_options import env_flag, int_between, json_value, listed, parse_age
-from pikku_celery.cli_reap import add_reap_command
+from pikku_celery.cli.app_loader import ENV_APP, load_pikku, user_app
+from pikku_celery.cli.journal import add_journal_command
+from pikku_celery.cli.options import env_flag, int_between, json_value, listed, parse_age
+from pikku_celery.cli.progress import Progress
+from pikku_celery.cli.reap import add_reap_command
 from pikku_celery.errors import (
     ConfigurationError,
     InvalidStatus,
@@ -21,9 +22,8 @@ from pikku_celery.errors import (
     PikkuCeleryError,
     RunNotFound,
 )
-from pikku_celery.payloads import run_document, run_json
-from pikku_celery.progress import Progress
-from pikku_celery.report import format_run, format_runs
+from pikku_celery.render.documents import run_document, run_json
+from pikku_celery.render.text import format_run, format_runs
 from pikku_celery.store import (
     DEFAULT_DATABASE_URL,
     DEFAULT_PRUNE_STATUSES,
@@ -99,7 +99,7 @@ def cmd_db_check(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pikku_celery.demo import run_demo
+    from pikku_celery.demo.command import run_demo
 
     return run_demo(
         database_url=args.demo_database_url or args.database_url, broker_url=args.broker_url
@@ -330,7 +330,7 @@ def _tally(count: PruneCount) -> str:
 ENV_JSON: Final = "PIKKU_JSON"
 ENV_RUNS_STATUS: Final = "PIKKU_RUNS_STATUS"
 ENV_PRUNE_STATUS: Final = "PIKKU_PRUNE_STATUS"
-# The variable the demo app itself reads (demo_app.py, the Procfile, compose): one name.
+# The variable the demo app itself reads (demo/app.py, the Procfile, compose): one name.
 ENV_DEMO_BROKER_URL: Final = "PIKKU_DEMO_BROKER_URL"
 
 

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pikku_celery.payloads import run_parent, step_wait
+from pikku_celery.render.documents import run_parent, step_wait
 from pikku_celery.store import RunEvent, StepAttempt, StepState, WorkflowRun
 
 __all__ = ["format_events", "format_history", "format_run", "format_runs", "table"]
