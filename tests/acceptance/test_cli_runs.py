@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
 from pikku_celery.cli import commands as cli_module
+from pikku_celery.cli import common as codes
 from pikku_celery.errors import RunFailed
 from pikku_celery.store.prune import PruneCount
 from tests.acceptance.conftest import ROOT, worker_running
@@ -316,7 +317,7 @@ def test_publishing_commands_without_an_app_say_to_pass_it(
 ) -> None:
     db = ["--database-url", f"sqlite:///{tmp_path / 'x.db'}"]
     for command in (["resume", "r1"], ["rerun", "r1", "--from-step", "s"], ["cancel", "r1"]):
-        assert cli_module.main([*db, "runs", *command]) == cli_module.EXIT_ERROR
+        assert cli_module.main([*db, "runs", *command]) == codes.EXIT_ERROR
         error = capsys.readouterr().err
         assert error.count("\n") == 1, error
         assert "pass --app module:attribute" in error and "PIKKU_CELERY_APP" in error
@@ -392,7 +393,7 @@ def test_dashboard_with_app_wires_the_run_actions(
     monkeypatch.setattr(dashboard, "create_app", create_app)
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: None)
     monkeypatch.setenv("PIKKU_DASHBOARD_PASSWORD", "pw")
-    assert cli_module.main(["dashboard", "--app", SHOP_APP]) == cli_module.EXIT_OK
+    assert cli_module.main(["dashboard", "--app", SHOP_APP]) == codes.EXIT_OK
     assert made["actions"] is shop.pikku
     assert made["store"] is shop.pikku.store  # the app's own database
     assert "sign in to resume, rerun, cancel and delete runs" in capsys.readouterr().out

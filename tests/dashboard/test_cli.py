@@ -10,6 +10,7 @@ import pytest
 import uvicorn
 
 from pikku_celery.cli import commands as cli
+from pikku_celery.cli import common as codes
 
 
 def test_help_names_every_environment_variable(capsys: pytest.CaptureFixture[str]) -> None:
@@ -39,7 +40,7 @@ def test_serves_with_settings_from_the_environment(
     monkeypatch.setenv("PIKKU_DASHBOARD_PASSWORD", "pw")
     (tmp_path / "cli.db").touch()  # the dashboard reads a database, it never creates one
     url = f"sqlite:///{tmp_path / 'cli.db'}"
-    assert cli.main(["--database-url", url, "dashboard", "--host", "0.0.0.0"]) == cli.EXIT_OK
+    assert cli.main(["--database-url", url, "dashboard", "--host", "0.0.0.0"]) == codes.EXIT_OK
     assert (served["host"], served["port"]) == ("0.0.0.0", 9123)
     assert "sign in" in capsys.readouterr().out
 
@@ -51,7 +52,7 @@ def test_a_bad_flower_url_is_a_clear_error(
     (tmp_path / "cli.db").touch()  # the dashboard reads a database, it never creates one
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     code = cli.main(["--database-url", url, "dashboard", "--flower-url", "javascript:alert(1)"])
-    assert code == cli.EXIT_ERROR
+    assert code == codes.EXIT_ERROR
     assert "http(s) address" in capsys.readouterr().err
 
 
@@ -59,5 +60,5 @@ def test_without_the_extra_it_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if it were not installed
-    assert cli.main(["dashboard"]) == cli.EXIT_ERROR
+    assert cli.main(["dashboard"]) == codes.EXIT_ERROR
     assert "Run `pip install pikku-celery[dashboard]`." in capsys.readouterr().err

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
 from pikku_celery.cli import commands as cli
+from pikku_celery.cli import common as codes
 from pikku_celery.errors import InvalidDuration
 from pikku_celery.schema import COMPAT_SCHEMA
 from pikku_celery.store.batch import MirrorBatch, NewStep, StepTransition
@@ -386,13 +387,13 @@ def test_a_run_in_pikkus_forms_shows_on_the_command_line(
 ) -> None:
     foreign = insert_foreign_run(store.engine)
     url = store.engine.url.render_as_string(hide_password=False)
-    assert cli.main(["--database-url", url, "runs", "show", foreign.run_id]) == cli.EXIT_OK
+    assert cli.main(["--database-url", url, "runs", "show", foreign.run_id]) == codes.EXIT_OK
     shown = capsys.readouterr().out
     assert "boom at the gateway" in shown
     if store.dialect == "sqlite":
         assert "RPC_NOT_FOUND: boom at the gateway" in shown
         assert "2026-12-01 07:09:14 UTC" in shown
-    assert cli.main(["--database-url", url, "runs", "list"]) == cli.EXIT_OK
+    assert cli.main(["--database-url", url, "runs", "list"]) == codes.EXIT_OK
     assert foreign.run_id in capsys.readouterr().out
     assert cli.main(["--database-url", url, "runs", "show", foreign.run_id, "--json"]) == 0
     document = json.loads(capsys.readouterr().out)

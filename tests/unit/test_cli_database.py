@@ -14,6 +14,7 @@ import uvicorn
 
 from pikku_celery import WorkflowStore
 from pikku_celery.cli import commands as cli
+from pikku_celery.cli import common as codes
 from pikku_celery.integration import signals
 
 READ_ONLY_COMMANDS = [
@@ -46,7 +47,7 @@ def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_command_that_needs_a_database_creates_none_and_says_how_to_make_one(
     cwd: Path, command: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(command) == cli.EXIT_ERROR
+    assert cli.main(command) == codes.EXIT_ERROR
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and error.startswith("error: There is no pikku-celery database")
     assert f"at {cwd / 'pikku.db'} " in error
@@ -57,7 +58,7 @@ def test_a_command_that_needs_a_database_creates_none_and_says_how_to_make_one(
 def test_a_relative_path_with_a_folder_hints_at_four_slashes(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["--database-url", "sqlite:///tmp/x.db", "runs", "list"]) == cli.EXIT_ERROR
+    assert cli.main(["--database-url", "sqlite:///tmp/x.db", "runs", "list"]) == codes.EXIT_ERROR
     error = capsys.readouterr().err
     assert f"no pikku-celery database at {cwd / 'tmp' / 'x.db'} " in error
     assert "an absolute path needs four slashes, like sqlite:////tmp/x.db" in error
@@ -67,22 +68,22 @@ def test_a_relative_path_with_a_folder_hints_at_four_slashes(
 def test_the_journal_without_replay_only_reads_the_journals(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["journal"]) == cli.EXIT_OK
+    assert cli.main(["journal"]) == codes.EXIT_OK
     assert "0 mirror events wait" in capsys.readouterr().out
     assert list(cwd.iterdir()) == []
 
 
 def test_db_upgrade_creates_the_database(cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["db", "upgrade"]) == cli.EXIT_OK
+    assert cli.main(["db", "upgrade"]) == codes.EXIT_OK
     assert (cwd / "pikku.db").is_file()
-    assert cli.main(["runs", "list"]) == cli.EXIT_OK
+    assert cli.main(["runs", "list"]) == codes.EXIT_OK
     assert "No runs yet." in capsys.readouterr().out
 
 
 def test_a_missing_sqlite_folder_is_named_with_its_absolute_path(
     cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["--database-url", "sqlite:///tmp/x.db", "db", "upgrade"]) == cli.EXIT_ERROR
+    assert cli.main(["--database-url", "sqlite:///tmp/x.db", "db", "upgrade"]) == codes.EXIT_ERROR
     error = capsys.readouterr().err
     assert f"The SQLite database {cwd / 'tmp' / 'x.db'} " in error
     assert f"its folder {cwd / 'tmp'} does not exist" in error
@@ -142,7 +143,7 @@ def test_the_given_url_is_the_apps_database_when_the_app_takes_it_from_the_envir
     run_id = given.create_run("checkout", {})
     spec = make_app()  # type: ignore[operator]
     command = ["--database-url", url_of(given), "--app", spec, "runs", "cancel", run_id]
-    assert cli.main(command) == cli.EXIT_OK, capsys.readouterr().err
+    assert cli.main(command) == codes.EXIT_OK, capsys.readouterr().err
     assert capsys.readouterr().out.strip() == f"Cancelled run {run_id}."
     assert given.get_run(run_id).status == "cancelled"
     assert "PIKKU_DATABASE_URL" not in os.environ  # only while the app was imported
@@ -190,6 +191,6 @@ def test_an_apps_missing_database_is_not_created(
     cwd: Path, make_app: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = make_app()  # type: ignore[operator]
-    assert cli.main(["--app", spec, "runs", "cancel", "r1"]) == cli.EXIT_ERROR
+    assert cli.main(["--app", spec, "runs", "cancel", "r1"]) == codes.EXIT_ERROR
     assert f"no pikku-celery database at {cwd / 'pikku.db'} " in capsys.readouterr().err
     assert not (cwd / "pikku.db").exists()

@@ -16,6 +16,7 @@ import pytest
 
 from pikku_celery import PikkuCelery, WorkflowStore
 from pikku_celery.cli import commands as cli
+from pikku_celery.cli import common as codes
 from tests.support.durable import Recorder, ShippedOrder, durable_pikku, settle, shipped_order
 
 APP_MODULE = "faces_send_app"
@@ -41,7 +42,7 @@ def database(store: WorkflowStore) -> list[str]:
 
 
 def show(store: WorkflowStore, run_id: str, capsys: pytest.CaptureFixture[str]) -> str:
-    assert cli.main([*database(store), "runs", "show", run_id]) == cli.EXIT_OK
+    assert cli.main([*database(store), "runs", "show", run_id]) == codes.EXIT_OK
     return capsys.readouterr().out
 
 
@@ -79,14 +80,14 @@ def test_show_json_has_the_parent_the_events_and_each_steps_child_branch_and_wai
     store: WorkflowStore, order: ShippedOrder, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = database(store)
-    assert cli.main([*db, "runs", "show", order.parent, "--json"]) == cli.EXIT_OK
+    assert cli.main([*db, "runs", "show", order.parent, "--json"]) == codes.EXIT_OK
     parent = json.loads(capsys.readouterr().out)
     assert parent["parent"] is None and parent["events"] == []
     steps = {step["step_name"]: step for step in parent["steps"]}
     assert steps["size"]["branch_taken"] == "big" and steps["size"]["child_run_id"] is None
     assert steps["ship"]["child_run_id"] == order.child and steps["ship"]["wait"] is None
 
-    assert cli.main([*db, "runs", "show", order.child, "--json"]) == cli.EXIT_OK
+    assert cli.main([*db, "runs", "show", order.child, "--json"]) == codes.EXIT_OK
     child = json.loads(capsys.readouterr().out)
     assert child["parent"] == {
         "run_id": order.parent,
@@ -132,7 +133,7 @@ def test_send_keeps_the_event_and_replays_the_run_which_takes_it(
     order: ShippedOrder,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert send(store, order.child, "carrier", "--data", '{"carrier": "DHL"}') == cli.EXIT_OK
+    assert send(store, order.child, "carrier", "--data", '{"carrier": "DHL"}') == codes.EXIT_OK
     out = capsys.readouterr().out
     sent = store.list_events(order.child)[-1]
     assert (sent.name, sent.data, sent.taken_by_step_id) == ("carrier", {"carrier": "DHL"}, None)
@@ -148,7 +149,7 @@ def test_send_keeps_the_event_and_replays_the_run_which_takes_it(
 def test_send_without_data_sends_null_and_json_prints_the_event_id(
     store: WorkflowStore, order: ShippedOrder, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert send(store, order.child, "carrier", "--json") == cli.EXIT_OK
+    assert send(store, order.child, "carrier", "--json") == codes.EXIT_OK
     printed = json.loads(capsys.readouterr().out)
     sent = store.list_events(order.child)[-1]
     assert printed == {
@@ -167,7 +168,7 @@ def test_data_that_is_not_json_says_how_to_quote_it_and_sends_nothing(
     for data in ("{approved: true}", "yes"):
         with pytest.raises(SystemExit) as exited:
             send(store, order.child, "carrier", "--data", data)
-        assert exited.value.code == cli.EXIT_USAGE
+        assert exited.value.code == codes.EXIT_USAGE
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and error.startswith("error: argument --data: ")
         assert "is not JSON" in error and """--data '{"approved": true}'""" in error
@@ -199,7 +200,7 @@ def test_a_send_that_cannot_be_taken_says_what_to_do_and_writes_nothing(
         run_id = store.create_run("shop.charge", {}, wire={"type": "task"})
     else:
         run_id, name = store.create_run("refund", {}, wire={"type": "workflow"}), " "
-    assert send(store, run_id, name, "--data", "1") == cli.EXIT_ERROR
+    assert send(store, run_id, name, "--data", "1") == codes.EXIT_ERROR
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and error.startswith("error: "), error
     assert says in error
@@ -210,7 +211,7 @@ def test_a_send_that_cannot_be_taken_says_what_to_do_and_writes_nothing(
 
 
 def test_send_needs_the_app(store: WorkflowStore, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main([*database(store), "runs", "send", "r1", "approval"]) == cli.EXIT_ERROR
+    assert cli.main([*database(store), "runs", "send", "r1", "approval"]) == codes.EXIT_ERROR
     error = capsys.readouterr().err
     assert "pass --app module:attribute" in error and "PIKKU_CELERY_APP" in error
 
