@@ -6,9 +6,6 @@ and writes (the acceptance tests run the same engine on real workers).
 
 from __future__ import annotations
 
-import datetime as dt
-import threading
-from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,36 +15,9 @@ from pikku_celery.integration.task import WorkflowTask
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.replay import replay
 from tests.conftest import truncate
+from tests.support.durable import Recorder
 from tests.support.statements import count_statements
 from tests.support.threads import run_threads
-
-
-class Recorder:
-    """Stands in for the broker: remembers what a replay dispatched."""
-
-    def __init__(self) -> None:
-        self.steps: list[tuple[str, str, int]] = []
-        self.wakes: list[tuple[str, int]] = []
-        self.lock = threading.Lock()
-
-    def step(
-        self,
-        run_id: str,
-        step_id: str,
-        step_name: str,
-        task: Any,
-        args: Sequence[Any],
-        kwargs: dict[str, Any],
-        attempt: int,
-    ) -> None:
-        with self.lock:
-            self.steps.append((step_id, step_name, attempt))
-
-    def wake(self, run_id: str, step_id: str, attempt: int, at: dt.datetime) -> None:
-        self.wakes.append((step_id, attempt))
-
-    def orchestrate(self, run_id: str, at: dt.datetime | None = None) -> None:
-        raise AssertionError("these workflows have no waits or child runs")
 
 
 class AddTask(WorkflowTask):

@@ -24,9 +24,11 @@ __all__ = ["Recorder", "ShippedOrder", "durable_pikku", "settle", "shipped_order
 
 
 class Recorder:
-    """Stands in for the broker; keeps every replay asked for, and when."""
+    """Stands in for the broker: remembers every step, wake-up and replay a replay sent."""
 
     def __init__(self) -> None:
+        self.steps: list[tuple[str, str, int]] = []
+        self.wakes: list[tuple[str, int]] = []
         self.replays: list[tuple[str, dt.datetime | None]] = []
         self.lock = threading.Lock()
 
@@ -40,10 +42,12 @@ class Recorder:
         kwargs: dict[str, Any],
         attempt: int,
     ) -> None:
-        raise AssertionError("these workflows have no task steps")
+        with self.lock:
+            self.steps.append((step_id, step_name, attempt))
 
     def wake(self, run_id: str, step_id: str, attempt: int, at: dt.datetime) -> None:
-        raise AssertionError("these workflows do not sleep")
+        with self.lock:
+            self.wakes.append((step_id, attempt))
 
     def orchestrate(self, run_id: str, at: dt.datetime | None = None) -> None:
         with self.lock:
