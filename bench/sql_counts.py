@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -176,35 +177,58 @@ class SqlCounter:
 
 
 def install_worker_counter(count_dir: Path) -> None:
-    """Count in each pool child; after each task, write its running totals to a file.
+    """Count in each pool child; write its running totals to a file after each task
+    and, from a thread, whenever they changed since (every 20 ms).
 
-    Written in ``task_postrun``, once the task's mirror writes and the replay
-    it queued are done, so once the files add up to every task the runs
-    needed, they hold all of those runs' SQL.
+    The mirror commits from its flusher thread after the task has returned, so
+    the totals written in ``task_postrun`` miss a batch's last statements: the
+    thread writes them once they are there, and the bench waits for the files to
+    stop changing (``settled``) before it reads a batch's counts.
     """
     probe = SqlCounter("worker")
     probe.install()
     files: dict[int, int] = {}
 
+    written: dict[int, str] = {}
+    lock = threading.Lock()
+
     def child_start(**_: Any) -> None:
         probe.reset()  # not the parent's counts
+        threading.Thread(target=keep_writing, name="wfbench-counts", daemon=True).start()
+
+    def keep_writing() -> None:
+        while True:
+            time.sleep(0.02)
+            write()
 
     def flush(sender: Any = None, **_: Any) -> None:
         probe.counts.tasks[str(getattr(sender, "name", "?"))] += 1
+        write()
+
+    def write() -> None:
+        document = json.dumps(probe.counts.as_json())
         pid = os.getpid()
-        fd = files.get(pid)
-        if fd is None:
-            path = count_dir / f"worker-{pid}.json"
-            fd = files[pid] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        # Kept open and rewritten in place: about 10 us, where a new file and a
-        # rename took 200 us, a cost that would fall twice as often on a workflow
-        # step (two tasks) as on a chain step. A reader catching it between the
-        # truncate and the write sees an empty file and reads again.
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(probe.counts.as_json()).encode(), 0)
+        with lock:
+            if written.get(pid) == document:
+                return
+            written[pid] = document
+            _write_file(files, count_dir, pid, document)
 
     signals.worker_process_init.connect(child_start, weak=False, dispatch_uid="wfbench.start")
     signals.task_postrun.connect(flush, weak=False, dispatch_uid="wfbench.flush")
+
+
+def _write_file(files: dict[int, int], count_dir: Path, pid: int, document: str) -> None:
+    fd = files.get(pid)
+    if fd is None:
+        path = count_dir / f"worker-{pid}.json"
+        fd = files[pid] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # Kept open and rewritten in place: about 10 us, where a new file and a
+    # rename took 200 us, a cost that would fall twice as often on a workflow
+    # step (two tasks) as on a chain step. A reader catching it between the
+    # truncate and the write sees an empty file and reads again.
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, document.encode(), 0)
 
 
 def worker_counts(count_dir: Path) -> Counts:

@@ -196,13 +196,22 @@ class Bench:
         return RunResult(kind, run_id, self.steps, started, run.updated_at, output)
 
     def quiesce(self, before: Counts, expected: int) -> Counts:
-        """The counts once the worker has run (and counted) every task the runs needed."""
+        """The counts once the worker has run (and counted) every task the runs needed,
+        and its mirror has committed what those tasks wrote: the totals stop changing."""
         deadline = time.monotonic() + self.timeout
         while True:
             delta = self.counts().minus(before)
             if sum(delta.tasks.values()) >= expected or time.monotonic() > deadline:
-                return delta
+                break
             time.sleep(0.01)
+        # A batch's last commit comes a flush interval after its last task (40 ms).
+        while time.monotonic() < deadline:
+            time.sleep(0.15)
+            settled = self.counts().minus(before)
+            if settled.as_json() == delta.as_json():
+                return settled
+            delta = settled
+        return delta
 
     def batch(self, kind: str, count: int) -> Tally:
         """``count`` runs of ``kind`` in flight together, until the worker is idle again.
