@@ -1,4 +1,9 @@
-"""``PikkuCelery``: attach the SQL mirror to a Celery app."""
+"""``PikkuCelery``: the SQL mirror and the workflow engine on a Celery app.
+
+The one piece above both the integration and the workflows: it wires them
+together and gives the signal handlers what they need of the workflows through
+the interface the integration defines (``signals.Installed``).
+"""
 
 from __future__ import annotations
 
