@@ -106,7 +106,11 @@ class BatchWrites(StoreBase):
 
         outcomes = [o for o in batch.outcomes if o.step_id in known]
         missing |= {o.step_id for o in batch.outcomes if o.step_id not in known}
-        replay = self._write_outcomes(c, outcomes, known)
+        # A run with a new step that waits (its link before it is not in SQL yet, or it
+        # lost a name race) is not done, whatever its written steps say: a chain's next
+        # link is published before the success of the link that sends it.
+        waiting = {s.run_id for s in batch.steps if s.step_id in missing}
+        replay = self._write_outcomes(c, outcomes, known, waiting)
         return BatchResult(frozenset(missing), tuple(replay))
 
     def _place_steps(
@@ -263,6 +267,7 @@ class BatchWrites(StoreBase):
         c: sa.Connection,
         outcomes: Sequence[RunOutcome],
         known: dict[str, tuple[int, str, Any]],
+        waiting: set[str],
     ) -> list[str]:
         complete: dict[str, dt.datetime] = {}
         settle: dict[str, dict[str, Any]] = {}
@@ -274,7 +279,8 @@ class BatchWrites(StoreBase):
                 if run_id not in replay:
                     replay.append(run_id)
             elif o.kind == "complete":
-                complete[run_id] = max(o.at, complete.get(run_id, o.at))
+                if run_id not in waiting:
+                    complete[run_id] = max(o.at, complete.get(run_id, o.at))
             else:  # the first end of a run is the one that settles it
                 settle.setdefault(
                     run_id,

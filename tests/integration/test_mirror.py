@@ -21,7 +21,7 @@ from pikku_celery import WorkflowStore
 from pikku_celery.integration.apply import Pending, plan
 from pikku_celery.integration.events import MirrorEvent, decode
 from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
-from pikku_celery.store.attempts import NewRun
+from pikku_celery.store import MirrorBatch, NewRun, NewStep, RunOutcome, StepTransition
 from tests.support.statements import count_statements
 from tests.support.threads import run_threads
 
@@ -458,3 +458,48 @@ def test_a_tasks_retry_delay_lands_as_a_duration_string_and_a_bad_one_is_left_ou
     assert store.get_step_state(adopted, "ship").retry_delay == "180s"
     assert store.get_step_state(odd, "odd").retry_delay is None
     mirror.close()
+
+
+def test_a_run_whose_next_step_waits_to_be_written_is_not_completed_by_the_one_before(
+    store: WorkflowStore,
+) -> None:
+    """A chain's next link is published before its sender succeeds; if that link must
+    wait (the step it follows is not in SQL yet, or it lost a name race), the run stays
+    open instead of completing with the sender's result."""
+    run_id = store.create_run("chain", None, wire={"type": "canvas"})
+    first, second, unknown = (str(uuid.uuid4()) for _ in range(3))
+    store.schedule_step(run_id, first, "inc", "bench.inc", {"args": [1], "kwargs": {}})
+    store.record_attempt(first, 1, "running")
+    now = dt.datetime.now(dt.timezone.utc)
+    waits = NewStep(
+        run_id=run_id,
+        step_id=second,
+        step_name="inc",
+        rpc_name="bench.inc",
+        data_json='{"args": [2], "kwargs": {}}',
+        at=now,
+        parent_step_id=unknown,  # published by a process whose batch has not landed
+    )
+    result = store.apply_batch(
+        MirrorBatch(
+            steps=[waits],
+            transitions=[StepTransition(first, 1, "succeeded", now, result_json="2")],
+            outcomes=[RunOutcome(first, run_id, "complete", now)],
+        )
+    )
+    assert second in result.missing
+    assert store.get_step_state(run_id, "inc").status == "succeeded"
+    assert store.get_run(run_id).status == "running"
+    # Its parent lands; then it is written, runs and succeeds: now the run is done.
+    store.schedule_step(run_id, unknown, "noop", "bench.noop", None)
+    store.record_attempt(unknown, 1, "succeeded", result=None)
+    store.apply_batch(MirrorBatch(steps=[replace(waits, at=now)]))
+    assert store.get_run(run_id).status == "running"
+    store.apply_batch(
+        MirrorBatch(
+            transitions=[StepTransition(second, 1, "succeeded", now, result_json="3")],
+            outcomes=[RunOutcome(second, run_id, "complete", now)],
+        )
+    )
+    run = store.get_run(run_id)
+    assert (run.status, run.output) == ("completed", 3)
