@@ -29,6 +29,7 @@ from bench.celery_runs import Run, check_mirror, clear_mirror, load_delivery
 from bench.harness.broker import flush
 from bench.harness.postgres import BenchDatabases
 from bench.harness.report import say
+from bench.harness.turns import alternated
 from bench.harness.workers import clean_env, mirror_failures, run_module, running_worker
 from pikku_celery import WorkflowStore
 
@@ -165,6 +166,6 @@ def measure(bench: Bench) -> list[Run]:
     total = len(plan) * bench.settings.rounds
     for round_no in range(bench.settings.rounds):
         # Alternating the order keeps a slow start or a warm cache off one scenario.
-        for scenario, variant, pool in plan if round_no % 2 == 0 else plan[::-1]:
+        for scenario, variant, pool in alternated(plan, round_no):
             runs.append(bench.run(scenario, variant, pool, round_no, f"{len(runs) + 1}/{total}"))
     return runs

@@ -18,6 +18,7 @@ from typing import Final
 from bench.harness.profiling import say_profile
 from bench.harness.report import say
 from bench.harness.timing import timed
+from bench.harness.turns import rotated
 from bench.lone_tasks import (
     TASK_TRANSITIONS,
     apply_batches,
@@ -122,8 +123,7 @@ def measure_batches(target: Target, settings: Settings) -> BatchThroughput:
                     ]
                     # Each side takes each place in turn, so a slow spell of the
                     # disk or a checkpoint lands on every side alike.
-                    turn = (round_no + block) % len(actions)
-                    for side, action in actions[turn:] + actions[:turn]:
+                    for side, action in rotated(actions, round_no + block):
                         spent[side] += timed(action)
                 after = completed_runs(store)
                 for side in BATCH_SIDES:

@@ -18,6 +18,7 @@ from typing import Final
 from bench.bulk_load import Bulk, count_rows
 from bench.harness.report import say
 from bench.harness.timing import timed
+from bench.harness.turns import alternated
 from bench.lone_tasks import apply_batches, lone_task_batch, new_ids, transition
 from bench.store_floor import Floor, capture_calls
 from bench.store_settings import Settings
@@ -133,7 +134,7 @@ def interleaved(probes: Sequence[IndexProbe], steps: int) -> None:
     """
     for method in (IndexProbe.transitions, IndexProbe.gets):
         for block, lo in enumerate(range(0, steps, PROBE_BLOCK_STEPS)):
-            for probe in probes if block % 2 == 0 else probes[::-1]:
+            for probe in alternated(probes, block):
                 method(probe, probe.step_ids, lo, lo + PROBE_BLOCK_STEPS)
 
 

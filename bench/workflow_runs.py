@@ -21,6 +21,7 @@ from celery import chain
 
 from bench.harness.broker import redis_client
 from bench.harness.cpu import cpu_snapshot
+from bench.harness.turns import rotated
 from bench.sql_counts import Counts, SqlCounter, worker_counts
 from bench.workflow_app import CHAIN_NAME, BenchApp
 
@@ -171,9 +172,3 @@ class Bench:
             for kind in rotated(kinds, turn):
                 tallies[kind].add(self.batch(kind, in_flight))
         return tallies
-
-
-def rotated(kinds: Sequence[str], turn: int) -> list[str]:
-    """The kinds in a different order each round, so none always follows the same one."""
-    shift = turn % len(kinds)
-    return [*kinds[shift:], *kinds[:shift]]
