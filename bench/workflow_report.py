@@ -3,6 +3,7 @@ timeline of a step, and the cross-check against ``pg_stat_database``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from bench.harness.report import say
@@ -21,12 +22,29 @@ def _cell(value: float | None, width: int, digits: int = 2) -> str:
     return f"{value:{width}.{digits}f}"
 
 
+# The sides whose SQL is pikku's: the worker's children, and this process publishing.
+PIKKU_SIDES: Final = ("worker", "publish")
+
+
 def report(
     summaries: dict[str, KindSummary], timelines: dict[str, Timeline], concurrent: int
 ) -> bool:
+    """Every table but the cross-check; whether the target was met."""
     workflow, chain_ = summaries["workflow"], summaries["chain"]
     floor = summaries.get("celery")
     shown = [workflow, chain_] + ([floor] if floor else [])
+    ok = report_kinds(workflow, chain_, floor, concurrent)
+    report_sql(workflow, chain_)
+    report_cost(shown)
+    report_tasks(shown)
+    report_timeline(timelines)
+    return ok
+
+
+def report_kinds(
+    workflow: KindSummary, chain_: KindSummary, floor: KindSummary | None, concurrent: int
+) -> bool:
+    """The per-step figures of each kind, the workflow/chain ratios and the target."""
     say()
     say(
         f"{workflow.steps} steps per run, {len(workflow.runs)} runs of each kind, "
@@ -75,63 +93,65 @@ def report(
         "(xacts: transactions counted by the processes; pg xacts: pg_stat_database's "
         "count for the bench database over separate untimed runs, less the bench's polling)"
     )
+    return wall_ok and stmts_ok
 
+
+def _pikku_labels(counted: Iterable[str]) -> set[str]:
+    return {key for key in counted if key.split(":", 1)[0] in PIKKU_SIDES}
+
+
+def report_sql(workflow: KindSummary, chain_: KindSummary) -> None:
+    """Statements, then SQL wait, per step by side and the method that sent them."""
+    pair = (workflow, chain_)
     say()
     say("Statements per step, by side and the WorkflowStore method that sent them:")
-    pikku_sides = ("worker", "publish")
-    labels = sorted(
-        {
-            key
-            for summary in (workflow, chain_)
-            for key in summary.counts.statements
-            if key.split(":", 1)[0] in pikku_sides
-        }
-    )
+    labels = sorted(_pikku_labels(key for s in pair for key in s.counts.statements))
     say(f"  {'side:method':<40} {'workflow':>9} {'chain':>9}")
     for label in labels:
-        cells = [_cell(s.per_step(s.counts.statements[label]), 9) for s in (workflow, chain_)]
+        cells = [_cell(s.per_step(s.counts.statements[label]), 9) for s in pair]
         say(f"  {label:<40} {cells[0]} {cells[1]}")
 
     say()
     say("SQL wait per step, ms, by side and what sent it (statements, then commits):")
     timed = sorted(
-        {
-            key
-            for summary in (workflow, chain_)
-            for key in summary.counts.sql_ms
-            if key.split(":", 1)[0] in pikku_sides
-        },
+        _pikku_labels(key for s in pair for key in s.counts.sql_ms),
         key=lambda key: ("COMMIT" in key, key),
     )
     say(f"  {'side:method':<40} {'workflow':>9} {'chain':>9}")
     for label in timed:
-        cells = [_cell(s.per_step(s.counts.sql_ms.get(label, 0.0)), 9) for s in (workflow, chain_)]
+        cells = [_cell(s.per_step(s.counts.sql_ms.get(label, 0.0)), 9) for s in pair]
         say(f"  {label:<40} {cells[0]} {cells[1]}")
 
+
+def report_cost(shown: Sequence[KindSummary]) -> None:
+    """Per step: the SQL wait of each pikku side and the CPU of each process."""
     say()
     say("Per step, ms: waiting on SQL (execute + commit) and CPU by process:")
     names = [s.kind for s in shown]
     say(f"  {'':<40} " + " ".join(f"{name:>9}" for name in names))
-    for side in pikku_sides:
+    for side in PIKKU_SIDES:
         cells = [_cell(s.per_step(s.counts.sql_ms_in(side)), 9) for s in shown]
         say(f"  {'SQL wait, ' + side:<40} " + " ".join(cells))
     for part in CPU_PARTS:
         cells = [_cell(s.per_step(s.cpu[part] * 1000) if part in s.cpu else None, 9) for s in shown]
         say(f"  {'CPU, ' + part:<40} " + " ".join(cells))
 
+
+def report_tasks(shown: Sequence[KindSummary]) -> None:
     say()
     say("Tasks run by the worker:")
     for summary in shown:
         tasks = ", ".join(f"{name} {n}" for name, n in sorted(summary.counts.tasks.items()))
         say(f"  {summary.kind:<9} {summary.tally.tasks_expected} expected; {tasks}")
 
+
+def report_timeline(timelines: dict[str, Timeline]) -> None:
     say()
     say("Mean ms per step from the attempts' timestamps (steps 2..n):")
     say(f"  {'part':<40} {'workflow':>9} {'chain':>9}")
     for name in TIMELINE_PARTS:
         cells = [_cell(timelines[kind].mean(name), 9) for kind in ("workflow", "chain")]
         say(f"  {name:<40} {cells[0]} {cells[1]}")
-    return wall_ok and stmts_ok
 
 
 def report_cross_check(check: CrossCheck) -> None:
