@@ -136,21 +136,26 @@ class Bench:
             delivery,
             check,
         )
-        line = (
-            f"[{progress}] round {round_no + 1}  {POOL_LABELS[pool]:<12} {scenario.label:<24} "
-            f"{VARIANT_LABELS[variant]:<10} {run.rate:8.1f} tasks/s"
-        )
-        if run.commits_per_task is not None:
-            line += f"  {run.commits_per_task:.2f} commits/task"
-        if delivery is not None:
-            p99 = delivery.lag(0.99)
-            line += f"  settle {run.settle * 1000:.0f} ms, lag p99 " + (
-                f"{p99 * 1000:.1f} ms" if p99 is not None else "n/a"
-            )
-        if check is not None:
-            line += f"  mirror: {check}"
-        say(line)
+        say(progress_line(run, scenario, round_no, progress))
         return run
+
+
+def progress_line(run: Run, scenario: Scenario, round_no: int, progress: str) -> str:
+    """One run's figures as it ends: a full run takes minutes, so each says how it went."""
+    line = (
+        f"[{progress}] round {round_no + 1}  {POOL_LABELS[run.pool]:<12} {scenario.label:<24} "
+        f"{VARIANT_LABELS[run.variant]:<10} {run.rate:8.1f} tasks/s"
+    )
+    if run.commits_per_task is not None:
+        line += f"  {run.commits_per_task:.2f} commits/task"
+    if run.delivery is not None:
+        p99 = run.delivery.lag(0.99)
+        line += f"  settle {run.settle * 1000:.0f} ms, lag p99 " + (
+            f"{p99 * 1000:.1f} ms" if p99 is not None else "n/a"
+        )
+    if run.check is not None:
+        line += f"  mirror: {run.check}"
+    return line
 
 
 def measure(bench: Bench) -> list[Run]:
