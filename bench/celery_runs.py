@@ -39,7 +39,7 @@ def clear_mirror(url: str) -> None:
         engine.dispose()
 
 
-# --- the driver: one run --------------------------------------------------------------
+# --- what one run measured ----------------------------------------------------------
 
 
 @dataclass(frozen=True)
