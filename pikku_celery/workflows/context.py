@@ -290,6 +290,17 @@ class WorkflowContext:
         if step.rpc_name != expected:
             raise StepMismatch(key, step.rpc_name, expected)
 
+    def _ended(self, key: str, step: StepState, rpc_name: str | None) -> Any:
+        """A recorded step's stored result, ``StepFailed`` if it failed for good, or
+        ``_IN_FLIGHT`` while it has not ended."""
+        self._previous_id = step.step_id
+        self._check_task(key, step, rpc_name)
+        if step.status == "succeeded":
+            return step.result
+        if step.status in ("failed", "cancelled"):
+            raise StepFailed(key, step.error)
+        return _IN_FLIGHT
+
     @staticmethod
     def _wait_failed(key: str, step: StepState) -> StepFailed:
         error = dict(step.error or {})
@@ -347,12 +358,9 @@ class WorkflowContext:
                 crash_point("after_claim", key)
                 self._dispatcher.step(self.run_id, step_id, key, task, args, kwargs, 1)
             return _IN_FLIGHT
-        self._previous_id = step.step_id
-        self._check_task(key, step, task.name)
-        if step.status == "succeeded":
-            return step.result
-        if step.status in ("failed", "cancelled"):
-            raise StepFailed(key, step.error)
+        ended = self._ended(key, step, task.name)
+        if ended is not _IN_FLIGHT:
+            return ended
         if step.status == "pending" and self._store.take_pending_step(
             step.step_id, step.attempt_count
         ):
@@ -371,12 +379,9 @@ class WorkflowContext:
     ) -> Any:
         step = self._steps.get(key)
         if step is not None:
-            self._previous_id = step.step_id
-            self._check_task(key, step, None)
-            if step.status == "succeeded":
-                return step.result
-            if step.status in ("failed", "cancelled"):
-                raise StepFailed(key, step.error)
+            ended = self._ended(key, step, None)
+            if ended is not _IN_FLIGHT:
+                return ended
         step_id = step.step_id if step is not None else str(uuid.uuid4())
         attempt = step.attempt_count if step is not None else 1
         started = dt.datetime.now(dt.timezone.utc)
@@ -448,12 +453,9 @@ class WorkflowContext:
             ):
                 self._dispatcher.orchestrate(child_run_id)
             return _IN_FLIGHT
-        self._previous_id = step.step_id
-        self._check_task(key, step, rpc_name)
-        if step.status == "succeeded":
-            return step.result
-        if step.status in ("failed", "cancelled"):
-            raise StepFailed(key, step.error)
+        ended = self._ended(key, step, rpc_name)
+        if ended is not _IN_FLIGHT:
+            return ended
         if step.status == "pending" and self._store.take_pending_step(
             step.step_id, step.attempt_count
         ):
