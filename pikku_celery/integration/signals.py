@@ -28,7 +28,7 @@ from pikku_celery.integration.task import finished_results
 from pikku_celery.integration.upkeep import Upkeep
 from pikku_celery.store import NewRun, error_document
 
-__all__ = ["Installed", "RunContext", "current_run", "install", "registry"]
+__all__ = ["Installed", "Mirrored", "RunContext", "current_run", "install", "mirror_of", "registry"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class Mirrored(NamedTuple):
     step_name: str
 
 
-def _pikku_for(task: Any) -> Mirrored | None:
+def mirror_of(task: Any) -> Mirrored | None:
     """Whether a running task is mirrored, as its app's selection decides (cached per name)."""
     pikku = registry.get(id(getattr(task, "app", None)))
     if pikku is None:
@@ -250,7 +250,7 @@ def after_task_publish(
 
 @_isolated
 def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any) -> None:
-    mirrored = _pikku_for(task)
+    mirrored = mirror_of(task)
     if mirrored is None:
         return
     request = task.request
@@ -277,7 +277,7 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
 def task_retry(
     sender: Any = None, request: Any = None, reason: Any = None, einfo: Any = None, **_: Any
 ) -> None:
-    mirrored = _pikku_for(sender)
+    mirrored = mirror_of(sender)
     if mirrored is None or request is None:
         return
     pikku = mirrored.pikku
@@ -292,7 +292,7 @@ def task_retry(
 
 @_isolated
 def task_success(sender: Any = None, result: Any = None, **_: Any) -> None:
-    mirrored = _pikku_for(sender)
+    mirrored = mirror_of(sender)
     if mirrored is None:
         return
     pikku = mirrored.pikku
@@ -318,7 +318,7 @@ def task_failure(
     einfo: Any = None,
     **_: Any,
 ) -> None:
-    mirrored = _pikku_for(sender)
+    mirrored = mirror_of(sender)
     if mirrored is None:
         return
     pikku = mirrored.pikku
@@ -362,7 +362,7 @@ def task_revoked(
     expired: bool = False,
     **_: Any,
 ) -> None:
-    mirrored = _pikku_for(sender)
+    mirrored = mirror_of(sender)
     if mirrored is None or request is None:
         return
     pikku = mirrored.pikku

@@ -17,6 +17,7 @@ from celery import current_task
 
 from pikku_celery.errors import NotInAStep
 from pikku_celery.integration import headers as h
+from pikku_celery.integration.signals import mirror_of
 
 __all__ = ["PIKKU_NAMESPACE", "StepInfo", "current_step", "idempotency_key", "inline_step"]
 
@@ -65,12 +66,10 @@ def current_step() -> StepInfo:
     step_id = getattr(request, "id", None)
     if task is None or step_id is None or getattr(request, "called_directly", False):
         raise NotInAStep
-    name = h.from_request(request, h.STEP_NAME)
-    if name is None:
-        step_name_for = getattr(task, "step_name_for", None)
-        if step_name_for is None:
-            raise NotInAStep
-        name = step_name_for(task.name)
+    mirrored = mirror_of(task)  # the app's selection: a step, or a task left alone
+    if mirrored is None:
+        raise NotInAStep
+    name = h.from_request(request, h.STEP_NAME) or mirrored.step_name
     return StepInfo(
         run_id=str(h.from_request(request, h.RUN_ID) or step_id),
         step_id=str(step_id),
