@@ -23,7 +23,6 @@ from celery.canvas import Signature
 
 from pikku_celery.app import PikkuCelery
 from pikku_celery.errors import ConfigurationError, NeverIdle, StoreUnavailable
-from pikku_celery.integration.task import WorkflowTask
 from pikku_celery.store import WorkflowStore
 from pikku_celery.testing.broker import InMemoryBroker
 from pikku_celery.testing.results import RunResult, read_result
@@ -189,11 +188,12 @@ class InlineRunner:
     def delay(self, task: Any, *args: Any, **kwargs: Any) -> RunResult:
         """Publish a pikku step on its own (its own run, whose id is the task id) and run it."""
         self._open()
-        if not isinstance(task, WorkflowTask) or task.app is not self.app:
+        if getattr(task, "app", None) is not self.app or not self.pikku.selection.mirrors(task):
             raise ConfigurationError(
-                f"{getattr(task, 'name', task)!r} is not a step of this runner's app, so it "
-                "would have no run to return; declare it with @pikku.step (or "
-                "base=WorkflowTask) on the app given to PikkuCelery."
+                f"{getattr(task, 'name', task)!r} is not a mirrored task of this runner's app, "
+                "so it would have no run to return; declare it with @pikku.step (or "
+                "base=WorkflowTask, or PikkuCelery(app, mirror='all')) on the app given to "
+                "PikkuCelery."
             )
         sent = task.apply_async(args, kwargs)
         self.run_until_idle()
