@@ -9,7 +9,8 @@ once, as succeeded, with both times). Which rows an event moves:
 - ``AttemptStarted``: attempt K running, one delivery counted by event id;
 - ``AttemptRetried``: attempt K failed and attempt K+1 scheduled;
 - ``AttemptSucceeded``: attempt K succeeded; its run completes if it was the last;
-- ``AttemptEnded``: attempt K failed or cancelled, and so does its run.
+- ``AttemptEnded``: attempt K failed or cancelled, and so does its run;
+- ``AttemptReplaced``: attempt K handed its task id to its replacement, with whose end it ends.
 
 A step a worker ran that no publisher recorded is adopted: at once when the
 message came from a process without pikku-celery, after ``grace`` seconds
@@ -26,6 +27,7 @@ from typing import Any, Final
 from pikku_celery.integration.events import (
     Adoption,
     AttemptEnded,
+    AttemptReplaced,
     AttemptRetried,
     AttemptStarted,
     AttemptSucceeded,
@@ -33,7 +35,14 @@ from pikku_celery.integration.events import (
     StepDispatched,
     StepPublished,
 )
-from pikku_celery.store import STATUS_RANK, MirrorBatch, NewStep, RunOutcome, StepTransition
+from pikku_celery.store import (
+    STATUS_RANK,
+    Handover,
+    MirrorBatch,
+    NewStep,
+    RunOutcome,
+    StepTransition,
+)
 
 __all__ = ["Pending", "plan"]
 
@@ -243,6 +252,10 @@ def plan(pending: Sequence[Pending]) -> MirrorBatch:
             planner.succeeded(event)
         elif isinstance(event, AttemptEnded):
             planner.failed(event)
+        elif isinstance(event, AttemptReplaced):
+            planner.batch.handovers.append(
+                Handover(event.step_id, event.attempt, event.replaced_by)
+            )
         else:  # pragma: no cover - decode() makes only the kinds above
             raise TypeError(f"not a mirror event: {event!r}")
     return planner.finish()

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Final
 __all__ = [
     "Adoption",
     "AttemptEnded",
+    "AttemptReplaced",
     "AttemptRetried",
     "AttemptStarted",
     "AttemptSucceeded",
@@ -152,6 +153,16 @@ class AttemptEnded(MirrorEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptReplaced(MirrorEvent):
+    """Attempt K's body replaced itself (``Task.replace``): task ``replaced_by`` now carries
+    the step's task id, and the attempt ends when that task does."""
+
+    kind: ClassVar[str] = "replaced"
+    attempt: int
+    replaced_by: str
+
+
+@dataclass(frozen=True, slots=True)
 class StepDispatched(MirrorEvent):
     """The message of a step that a replay claimed in SQL is out (attempt K).
 
@@ -172,6 +183,7 @@ _KINDS: Final[dict[str, type[MirrorEvent]]] = {
         AttemptRetried,
         AttemptSucceeded,
         AttemptEnded,
+        AttemptReplaced,
     )
 }
 _FIELDS: Final = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}

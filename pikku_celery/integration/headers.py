@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["DISPATCH", "ORCHESTRATED", "PARENT_STEP", "RUN_ID", "STEP_NAME", "from_request"]
+__all__ = [
+    "DISPATCH",
+    "ORCHESTRATED",
+    "PARENT_STEP",
+    "REPLACES",
+    "RUN_ID",
+    "STEP_NAME",
+    "from_request",
+]
 
 RUN_ID: Final = "pikku_run_id"
 # The step's name in its run, as the mirror assigned it (or as the user chose it).
@@ -20,6 +28,9 @@ ORCHESTRATED: Final = "pikku_orchestrated"
 # [step id, attempt] on a message that a replay (or the reaper) sends for a step it
 # claimed in SQL: once the message is out, the mirror marks that attempt published.
 DISPATCH: Final = "pikku_dispatch"
+# On the task that took over a replaced step's task id (Celery's ``Task.replace``):
+# [step id, the attempt of that step it continues]. Its own retries count on from there.
+REPLACES: Final = "pikku_replaces"
 
 
 def from_request(request: Any, name: str) -> Any:

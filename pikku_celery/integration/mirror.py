@@ -35,6 +35,7 @@ from pikku_celery.integration.delivery import (
 from pikku_celery.integration.events import (
     Adoption,
     AttemptEnded,
+    AttemptReplaced,
     AttemptRetried,
     AttemptStarted,
     AttemptSucceeded,
@@ -330,6 +331,18 @@ class CeleryMirror:
                 run_id=run_id,
                 result_json=self._json(result, "step result"),
                 orchestrated=orchestrated,
+            )
+        )
+
+    def replaced(self, step_id: str, attempt: int, replaced_by: str) -> None:
+        """Attempt K replaced itself; task ``replaced_by`` carries its task id on."""
+        self._append(
+            AttemptReplaced(
+                id=new_event_id(),
+                at=time.time(),
+                step_id=step_id,
+                attempt=attempt,
+                replaced_by=replaced_by,
             )
         )
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple, Protocol
 
-from celery import current_task, signals
+from celery import current_task, signals, states
 from celery.exceptions import Reject, Retry
 
-from pikku_celery.integration import control
+from pikku_celery.integration import control, replace
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
 from pikku_celery.integration.selection import TaskSelection
@@ -121,6 +121,43 @@ def mirror_of(task: Any) -> Mirrored | None:
     return None if step_name is None else Mirrored(pikku, step_name)
 
 
+def step_of(task: Any, request: Any = None) -> Mirrored | None:
+    """A running task's step: its own when it is mirrored, else the replaced step whose
+    task id it took over (a ``celery.accumulate`` at the end of a replacing group)."""
+    mirrored = mirror_of(task)
+    if mirrored is not None:
+        return mirrored
+    request = request if request is not None else getattr(task, "request", None)
+    if request is None or replace.continued_attempt(request) is None:
+        return None
+    pikku = registry.get(id(getattr(task, "app", None)))
+    if pikku is None:
+        return None
+    return Mirrored(pikku, str(h.from_request(request, h.STEP_NAME) or ""))
+
+
+def _running_task() -> Any:
+    return current_task._get_current_object() if current_task else None  # type: ignore[attr-defined]
+
+
+def _follow_replacement(sender: str, headers: dict[str, Any], body: Any) -> None:
+    """A message of the running step's replacement: the task that takes over its id is marked."""
+    task = _running_task()
+    request = getattr(task, "request", None)
+    if request is None or not replace.is_replacement(request, headers, sender):
+        return
+    mirrored = step_of(task)
+    if mirrored is None:
+        return
+    step_id = str(request.id)
+    run_id = h.from_request(request, h.RUN_ID) or step_id
+    step_name = h.from_request(request, h.STEP_NAME) or mirrored.step_name
+    marks = replace.successor_headers(request, run_id, step_name)
+    taken_by = replace.hand_over(step_id, headers, body, marks)
+    if taken_by and not getattr(request, replace.REPLACED_BY, None):
+        setattr(request, replace.REPLACED_BY, taken_by)
+
+
 def _lookup(task_name: str) -> tuple[Any, Mirrored | None]:
     """The task a message is published for, and who mirrors it (None: nobody does).
 
@@ -148,13 +185,13 @@ def _publish_context(message_headers: dict[str, Any]) -> RunContext | None:
         return explicit
     # Published from inside a running task (a chain's next link, a chord's
     # body, a child task): it joins that task's run, after that task's step.
-    task: Any = current_task._get_current_object() if current_task else None  # type: ignore[attr-defined]
-    request = getattr(task, "request", None)
+    request = getattr(_running_task(), "request", None)
     run_id = h.from_request(request, h.RUN_ID) if request is not None else None
     if not run_id:
         return None
-    # A step's children follow that step; a helper task's (a chord's unlock)
-    # follow the step the helper itself follows.
+    # A step's children follow that step (a task that took over a replaced step's
+    # id is that step); a helper task's (a chord's unlock) follow the step the
+    # helper itself follows.
     step_id = getattr(request, "id", None)
     is_step = step_id is not None and h.from_request(request, h.STEP_NAME) is not None
     parent = str(step_id) if is_step else h.from_request(request, h.PARENT_STEP)
@@ -178,7 +215,7 @@ def _call_data(args: Any, kwargs: Any) -> dict[str, Any]:
 
 
 def _attempt(task: Any) -> int:
-    return int(getattr(task.request, "retries", 0) or 0) + 1
+    return replace.attempt_of(task.request)
 
 
 @_isolated
@@ -191,6 +228,7 @@ def before_task_publish(
 ) -> None:
     if headers is None or sender is None:
         return  # message protocol 1 carries no headers to follow
+    _follow_replacement(sender, headers, body)
     context = _publish_context(headers)
     task, mirrored = _lookup(sender)
     if mirrored is None:
@@ -199,9 +237,10 @@ def before_task_publish(
             if context.parent_step_id:
                 headers.setdefault(h.PARENT_STEP, context.parent_step_id)
         return
-    if headers.get("retries") or headers.get(h.ORCHESTRATED):
+    if headers.get("retries") or headers.get(h.ORCHESTRATED) or replace.takes_over(headers):
         # A retry republishes its step (the retry handler records the attempt);
-        # a workflow's replay claimed its step before it published it.
+        # a workflow's replay claimed its step before it published it; a replacement
+        # carries on a step that exists.
         return
     step_id = str(headers["id"])
     args, kwargs = (
@@ -250,7 +289,7 @@ def after_task_publish(
 
 @_isolated
 def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any) -> None:
-    mirrored = mirror_of(task)
+    mirrored = step_of(task)
     if mirrored is None:
         return
     request = task.request
@@ -258,7 +297,8 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
     header_run = h.from_request(request, h.RUN_ID)
     mirror = mirrored.pikku.mirror
     adoption = None
-    if not h.from_request(request, h.ORCHESTRATED):  # a workflow's replay claimed its steps
+    # A workflow's replay claimed its steps; a replacement's step was recorded before it.
+    if not h.from_request(request, h.ORCHESTRATED) and replace.continued_attempt(request) is None:
         adoption = mirror.adoption(
             header_run or step_id,
             h.from_request(request, h.STEP_NAME) or mirrored.step_name,
@@ -277,7 +317,7 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
 def task_retry(
     sender: Any = None, request: Any = None, reason: Any = None, einfo: Any = None, **_: Any
 ) -> None:
-    mirrored = mirror_of(sender)
+    mirrored = step_of(sender, request)
     if mirrored is None or request is None:
         return
     pikku = mirrored.pikku
@@ -286,13 +326,13 @@ def task_retry(
     if einfo is not None and getattr(einfo, "traceback", None):
         error["traceback"] = einfo.traceback
     when = reason.when if isinstance(reason, Retry) else None
-    attempt = int(request.retries or 0) + 1
+    attempt = replace.attempt_of(request)
     pikku.mirror.retried(str(request.id), attempt, error, _eta(when))
 
 
 @_isolated
 def task_success(sender: Any = None, result: Any = None, **_: Any) -> None:
-    mirrored = mirror_of(sender)
+    mirrored = step_of(sender)
     if mirrored is None:
         return
     pikku = mirrored.pikku
@@ -318,7 +358,7 @@ def task_failure(
     einfo: Any = None,
     **_: Any,
 ) -> None:
-    mirrored = mirror_of(sender)
+    mirrored = step_of(sender)
     if mirrored is None:
         return
     pikku = mirrored.pikku
@@ -362,7 +402,7 @@ def task_revoked(
     expired: bool = False,
     **_: Any,
 ) -> None:
-    mirrored = mirror_of(sender)
+    mirrored = step_of(sender, request)
     if mirrored is None or request is None:
         return
     pikku = mirrored.pikku
@@ -377,8 +417,40 @@ def task_revoked(
     }
     step_id = str(request.id)
     run_id = h.from_request(request, h.RUN_ID) or step_id
-    attempt = int(getattr(request, "retries", 0) or 0) + 1
-    pikku.mirror.ended(run_id, step_id, attempt, "cancelled", error)
+    pikku.mirror.ended(run_id, step_id, replace.attempt_of(request), "cancelled", error)
+
+
+@_isolated
+def task_postrun(task: Any = None, state: Any = None, **_: Any) -> None:
+    if state != states.IGNORED:
+        return  # every other end has a signal of its own
+    mirrored = step_of(task)
+    if mirrored is None:
+        return
+    request = task.request
+    step_id = str(request.id)
+    taken_by = getattr(request, replace.REPLACED_BY, None)
+    if taken_by:
+        mirrored.pikku.mirror.replaced(step_id, _attempt(task), str(taken_by))
+        return
+    # The task raised Ignore itself: Celery records nothing and runs it no more.
+    error = {
+        "type": "celery.exceptions.Ignore",
+        "message": "The task raised Ignore, so Celery recorded no outcome and will not run it "
+        "again; publish it again or resume the run to run it.",
+        "traceback": None,
+        "step": h.from_request(request, h.STEP_NAME),
+    }
+    orchestrated = bool(h.from_request(request, h.ORCHESTRATED))
+    run_id = h.from_request(request, h.RUN_ID) or step_id
+    mirrored.pikku.mirror.ended(
+        None if orchestrated else run_id,
+        step_id,
+        _attempt(task),
+        "cancelled",
+        error,
+        orchestrated=orchestrated,
+    )
 
 
 @_isolated
@@ -430,6 +502,7 @@ _HANDLERS: Final[list[tuple[Any, Callable[..., None]]]] = [
     (signals.task_success, task_success),
     (signals.task_failure, task_failure),
     (signals.task_revoked, task_revoked),
+    (signals.task_postrun, task_postrun),
     (signals.worker_process_init, worker_process_init),
     (signals.worker_process_shutdown, worker_process_shutdown),
     (signals.worker_init, worker_init),

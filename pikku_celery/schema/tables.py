@@ -333,6 +333,9 @@ workflow_step_history = sa.Table(
     sa.Column("eta", UtcDateTime),
     # Why the attempt exists: first, retry, redelivery, resume, rerun.
     sa.Column("reason", sa.Text),
+    # Added by revision 0008: the task that took over this attempt's task id when
+    # Celery replaced it (``Task.replace``); the attempt ends with that task.
+    sa.Column("replaced_by", sa.Text),
     sa.UniqueConstraint(
         "workflow_step_id", "attempt", name="workflow_step_history_step_attempt_unique"
     ),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pikku_celery.store.attempts import NewRun
 from pikku_celery.store.base import ErrorLike, now
-from pikku_celery.store.batch import MirrorBatch, NewStep, RunOutcome, StepTransition
+from pikku_celery.store.batch import Handover, MirrorBatch, NewStep, RunOutcome, StepTransition
 from pikku_celery.store.codec import error_document
 from pikku_celery.store.engine import (
     DEFAULT_DATABASE_URL,
@@ -68,6 +68,7 @@ __all__ = [
     "AttemptCount",
     "AttemptTotals",
     "ErrorLike",
+    "Handover",
     "Journal",
     "JournalEntry",
     "MirrorBatch",

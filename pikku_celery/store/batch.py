@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-__all__ = ["BatchResult", "MirrorBatch", "NewStep", "RunOutcome", "StepTransition"]
+__all__ = ["BatchResult", "Handover", "MirrorBatch", "NewStep", "RunOutcome", "StepTransition"]
 
 TRANSITION_STATUSES: Final = frozenset({"scheduled", "running", "succeeded", "failed", "cancelled"})
 
@@ -83,14 +83,28 @@ class RunOutcome:
     error_json: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """Attempt ``attempt`` of a step was replaced: ``replaced_by`` carries its task id on.
+
+    The attempt stays open until that task ends (Celery's ``Task.replace``); it
+    is never lost and never sent again, since its body already ran.
+    """
+
+    step_id: str
+    attempt: int
+    replaced_by: str
+
+
 @dataclass(slots=True)
 class MirrorBatch:
     steps: list[NewStep] = field(default_factory=list)
     transitions: list[StepTransition] = field(default_factory=list)
     outcomes: list[RunOutcome] = field(default_factory=list)
+    handovers: list[Handover] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.steps) + len(self.transitions) + len(self.outcomes)
+        return len(self.steps) + len(self.transitions) + len(self.outcomes) + len(self.handovers)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from pikku_celery.store.base import StoreBase, like_prefix, new_id
 from pikku_celery.store.batch import (
     TRANSITION_STATUSES,
     BatchResult,
+    Handover,
     MirrorBatch,
     NewStep,
     RunOutcome,
@@ -85,6 +86,7 @@ class BatchWrites(StoreBase):
     def _apply(self, c: sa.Connection, batch: MirrorBatch) -> BatchResult:
         new_ids = {step.step_id for step in batch.steps}
         wanted = {t.step_id for t in batch.transitions} | {o.step_id for o in batch.outcomes}
+        wanted |= {h.step_id for h in batch.handovers}
         wanted |= {s.parent_step_id for s in batch.steps if s.parent_step_id is not None}
         known: dict[str, tuple[int, str, Any]] = {}
         lookup = sorted(wanted - new_ids)
@@ -103,6 +105,9 @@ class BatchWrites(StoreBase):
         missing |= {t.step_id for t in batch.transitions if t.step_id not in known}
         counted = self._count_deliveries(c, transitions)
         self._write_transitions(c, transitions, known, counted)
+        handovers = [h for h in batch.handovers if h.step_id in known]
+        missing |= {h.step_id for h in batch.handovers if h.step_id not in known}
+        self._write_handovers(c, handovers)
 
         outcomes = [o for o in batch.outcomes if o.step_id in known]
         missing |= {o.step_id for o in batch.outcomes if o.step_id not in known}
@@ -261,6 +266,16 @@ class BatchWrites(StoreBase):
                 continue
             self._run_compiled_many(c, aq.record_attempt_step(status), rows)
             self._run_compiled_many(c, aq.record_attempt(self.dialect, status), rows)
+
+    def _write_handovers(self, c: sa.Connection, handovers: Sequence[Handover]) -> None:
+        # After the transitions: the replaced attempt's own start is in the same batch
+        # or an earlier one (one process journals both, in order).
+        rows = [
+            {"step_id": h.step_id, "attempt_no": h.attempt, "replaced_by": h.replaced_by}
+            for h in handovers
+        ]
+        if rows:
+            c.execute(bq.hand_over_attempt, rows)
 
     def _write_outcomes(
         self,

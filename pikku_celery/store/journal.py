@@ -248,11 +248,16 @@ def journal_depth(root: Path, *, only: str = "*", table: str = "events") -> int:
 
 
 _COUNT_EVENTS: Final = "SELECT count(*) FROM events"
-_STEPS_WAITING: Final = "SELECT DISTINCT json_extract(payload, '$.step_id') FROM events"
+# Set-aside events count too: an attempt whose outcome is known on this machine but
+# could not be written is not lost, and its task must not be sent again.
+_STEPS_WAITING: Final = (
+    "SELECT json_extract(payload, '$.step_id') FROM events"
+    " UNION SELECT json_extract(payload, '$.step_id') FROM set_aside"
+)
 
 
 def journaled_steps(folder: Path, step_ids: Collection[str]) -> set[str]:
-    """Which of ``step_ids`` have events waiting in a journal of ``folder`` (any process's).
+    """Which of ``step_ids`` have events waiting (or set aside) in a journal of ``folder``.
 
     Read-only and without the journals' locks: what a live process holds in
     its journal is exactly what it has not written to SQL yet.

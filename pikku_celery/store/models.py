@@ -200,6 +200,8 @@ class StepAttempt:
     delivery_count: int = 0
     eta: dt.datetime | None = None
     reason: str | None = None
+    #: The task that took over this attempt's task id (Celery's ``Task.replace``).
+    replaced_by: str | None = None
 
     @property
     def retry_delay_seconds(self) -> float | None:
@@ -241,6 +243,7 @@ class StepAttempt:
             delivery_count=row["delivery_count"],
             eta=row["eta"],
             reason=row["reason"],
+            replaced_by=row.get("replaced_by"),
         )
 
 

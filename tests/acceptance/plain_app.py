@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from celery import Celery, shared_task
+from celery import Celery, chain, group, shared_task
 
 from pikku_celery import PikkuCelery
 
@@ -79,3 +79,37 @@ def noisy_ping() -> str:
 @shared_task(name="plain.shared_greet")
 def greet(name: str) -> str:
     return f"hello {name}"
+
+
+def _ran(key: str) -> None:
+    """Counts a body's executions where the test can read them (the result backend's Redis)."""
+    import redis
+
+    redis.Redis.from_url(app.conf.result_backend).incr(key)
+
+
+# Celery's Task.replace in its three shapes: the replacement takes over the task's id.
+@app.task(bind=True, name="plain.add_to_all")
+def add_to_all(self: Any, nums: list[int], val: int, key: str) -> None:
+    _ran(key)
+    raise self.replace(group(add.s(n, val) for n in nums))
+
+
+@app.task(bind=True, name="plain.replace_with_one")
+def replace_with_one(self: Any, x: int, key: str) -> None:
+    _ran(key)
+    raise self.replace(add.s(x, 1))
+
+
+@app.task(bind=True, name="plain.replace_with_chain")
+def replace_with_chain(self: Any, x: int, key: str) -> None:
+    _ran(key)
+    raise self.replace(chain(add.s(x, 1), double.s()))
+
+
+@app.task(bind=True, name="plain.ignored")
+def ignored(self: Any, key: str) -> None:
+    from celery.exceptions import Ignore
+
+    _ran(key)
+    raise Ignore()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from celery import Celery, signals
+from celery import Celery, group, signals
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 
 from pikku_celery import PikkuCelery, WorkflowTask, current_step
@@ -91,6 +91,12 @@ def add(x: int, y: int = 0) -> int:
 @pikku.step(name="shop.total")
 def total(values: list[int]) -> int:
     return sum(values)
+
+
+@pikku.step(name="shop.add_to_all", bind=True)
+def add_to_all(self: Any, nums: list[int], val: int) -> None:
+    journal(f"add_to_all {nums}")
+    raise self.replace(group(add.s(n, val) for n in nums))
 
 
 @pikku.step(name="shop.spawn", bind=True)

@@ -335,9 +335,19 @@ touch_run: Final = (
 _child = steps.alias("child")
 _leaf = steps.alias("leaf")
 
-# The run's output is the result of its last step: the newest step that no
+_own = steps.alias("own")
+# A lone task's run is named after its task: its output is that task's result, as
+# Celery's own result of that id is (a task that spawned others, or replaced itself).
+_is_lone_task = sa.exists().where(_own.c.workflow_step_id == runs.c.workflow_run_id)
+_own_result = (
+    sa.select(_own.c.result)
+    .where(_own.c.workflow_step_id == runs.c.workflow_run_id)
+    .scalar_subquery()
+)
+
+# Otherwise the run's output is the result of its last step: the newest step that no
 # other step follows (a chain's last link, a chord's body, a group's last member).
-_last_result = (
+_leaf_result = (
     sa.select(_leaf.c.result)
     .where(
         _leaf.c.workflow_run_id == runs.c.workflow_run_id,
@@ -350,6 +360,7 @@ _last_result = (
     .limit(1)
     .scalar_subquery()
 )
+_last_result = sa.case((_is_lone_task, _own_result), else_=_leaf_result)
 
 last_result: Final = _last_result
 

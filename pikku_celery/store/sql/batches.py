@@ -33,6 +33,7 @@ __all__ = [
     "complete_runs_pg",
     "count_deliveries",
     "count_deliveries_pg",
+    "hand_over_attempt",
     "known_runs",
     "known_runs_pg",
     "known_steps",
@@ -233,4 +234,17 @@ count_deliveries_pg: Final = (
     )
     .on_conflict_do_nothing(index_elements=["event_id"])
     .returning(deliveries.c.event_id)
+)
+
+
+#: A replaced attempt names the task that carries its task id on; set once, so a
+#: replacement that is replaced again keeps the first name the step handed over to.
+hand_over_attempt: Final = (
+    sa.update(history)
+    .where(
+        history.c.workflow_step_id == P("step_id"),
+        history.c.attempt == P("attempt_no"),
+        history.c.replaced_by.is_(None),
+    )
+    .values(replaced_by=P("replaced_by"))
 )

@@ -73,6 +73,9 @@ open_attempts: Final = (
         steps.c.updated_at < P("before"),
         # A child workflow's step runs as long as its child run: no worker holds it.
         steps.c.child_run_id.is_(None),
+        # A replaced attempt is Celery's: its replacement carries the task id on, and
+        # publishing the step again would run the replaced body a second time.
+        history.c.replaced_by.is_(None),
     )
     .order_by(steps.c.updated_at)
     .limit(P("limit"))

@@ -352,6 +352,7 @@ run_history: Final = (
         history.c.delivery_count,
         history.c.eta,
         history.c.reason,
+        history.c.replaced_by,
     )
     .select_from(steps.join(history, history.c.workflow_step_id == steps.c.workflow_step_id))
     .where(steps.c.workflow_run_id == P("run_id"))
