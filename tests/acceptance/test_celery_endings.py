@@ -22,6 +22,13 @@ def test_a_message_rejected_without_requeue_fails_its_attempt_as_dead_lettered(
     result = shop.dead_letter.delay(7)
     run = worker.wait_for_run(result.id)
     assert run.status == "failed"
+    # The end comes from the worker's main process, the start from its pool child's
+    # journal: either may commit first, and the attempt converges on both.
+    wait_until(
+        lambda: worker.store.get_run_history(result.id)[0].delivery_count == 1,
+        timeout=10,
+        what="the pool child's start of the rejected attempt",
+    )
     [attempt] = worker.store.get_run_history(result.id)
     assert (attempt.attempt, attempt.status, attempt.delivery_count) == (1, "failed", 1)
     assert attempt.error is not None
