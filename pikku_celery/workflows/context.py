@@ -36,6 +36,16 @@ WAIT = WAIT_RPC
 _IN_FLIGHT = object()
 
 
+def _system_clock() -> dt.datetime:
+    """The time now, in UTC."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+#: Where a replay reads the time it sets and checks deadlines and wake times by. A hook,
+#: so that the inline test runner can put its own clock here while it is open.
+clock: Callable[[], dt.datetime] = _system_clock
+
+
 class Suspend(BaseException):
     """The replay stops: a step is in flight. Workflow code must not catch it."""
 
@@ -139,7 +149,7 @@ class WorkflowContext:
         key = self._key(name)
         step = self._steps.get(key)
         previous, self._previous = self._previous, key
-        now = dt.datetime.now(dt.timezone.utc)
+        now = clock()
         if step is None:
             deadline = None if timeout is None else now + dt.timedelta(seconds=timeout)
             step_id = str(uuid.uuid4())
@@ -240,7 +250,7 @@ class WorkflowContext:
         key = self._key(name)
         step = self._steps.get(key)
         previous, self._previous = self._previous, key
-        now = dt.datetime.now(dt.timezone.utc)
+        now = clock()
         if step is None:
             wake_at = now + dt.timedelta(seconds=seconds)
             step_id = str(uuid.uuid4())
