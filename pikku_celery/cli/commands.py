@@ -5,8 +5,10 @@ their own."""
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Final, NoReturn
@@ -14,6 +16,7 @@ from typing import Final, NoReturn
 from pikku_celery.cli.app_loader import ENV_APP, load_pikku
 from pikku_celery.cli.common import (
     ENV_JSON,
+    EXIT_CANNOT_LISTEN,
     EXIT_ERROR,
     EXIT_OK,
     EXIT_SCHEMA_BEHIND,
@@ -23,7 +26,7 @@ from pikku_celery.cli.common import (
     store_of,
 )
 from pikku_celery.cli.journal import add_journal_command
-from pikku_celery.cli.options import env_flag
+from pikku_celery.cli.options import env_flag, port_number
 from pikku_celery.cli.prune import add_prune_command
 from pikku_celery.cli.reap import add_reap_command
 from pikku_celery.cli.runs import add_runs_command
@@ -93,6 +96,54 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+class CannotListen(Exception):
+    """The dashboard's address cannot be listened on; the message says what to change."""
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` and listening, before anything says it serves.
+
+    uvicorn would bind only once it runs, after the address is printed, and then exit
+    with its own code; binding here lets a taken port be one line and its own exit code.
+    """
+    where = f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise CannotListen(
+            f"cannot listen on {where}: {host!r} is not an address of this machine "
+            f"({exc.strerror}); give --host (or PIKKU_DASHBOARD_HOST) one, like 127.0.0.1 "
+            "or 0.0.0.0 for every interface."
+        ) from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        # As uvicorn does: a port left in TIME_WAIT by a dashboard just stopped is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            why = (
+                f"port {port} is in use (another dashboard, or another program); choose a free "
+                "one with --port or PIKKU_DASHBOARD_PORT, or stop what holds it."
+            )
+        elif exc.errno == errno.EACCES:
+            why = (
+                f"port {port} needs privileges this user lacks; choose one from 1024 up with "
+                "--port or PIKKU_DASHBOARD_PORT."
+            )
+        else:
+            why = (
+                f"{exc.strerror or exc}; check --host (PIKKU_DASHBOARD_HOST) and --port "
+                "(PIKKU_DASHBOARD_PORT)."
+            )
+        raise CannotListen(f"cannot listen on {where}: {why}") from None
+    return sock
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -113,14 +164,24 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     store = pikku.store if pikku is not None else store_of(args)
     try:
         app = create_app(store, actions=pikku, flower_url=args.flower_url, auth_token=password)
-        if not password:
-            mode = "read-only"
-        elif pikku is not None:
-            mode = "sign in to resume, rerun, cancel and delete runs, and send them events"
-        else:
-            mode = "sign in to delete runs; pass --app for resume, rerun, cancel and send event"
-        print(f"pikku-celery dashboard on http://{args.host}:{args.port}/ ({mode})", flush=True)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        try:
+            sock = _listen(args.host, args.port)
+        except CannotListen as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_CANNOT_LISTEN
+        with sock:
+            if not password:
+                mode = "read-only"
+            elif pikku is not None:
+                mode = "sign in to resume, rerun, cancel and delete runs, and send them events"
+            else:
+                mode = "sign in to delete runs; pass --app for resume, rerun, cancel and send event"
+            # The port bound, which --port 0 leaves to the system.
+            port = sock.getsockname()[1]
+            host = f"[{args.host}]" if ":" in args.host else args.host
+            print(f"pikku-celery dashboard on http://{host}:{port}/ ({mode})", flush=True)
+            config = uvicorn.Config(app, host=args.host, port=port, log_level="warning")
+            uvicorn.Server(config).run(sockets=[sock])
     finally:
         store.close()
     return EXIT_OK
@@ -222,9 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dashboard.add_argument(
         "--port",
-        type=int,
+        type=port_number("--port", "PIKKU_DASHBOARD_PORT"),
         default=os.environ.get("PIKKU_DASHBOARD_PORT", "8000"),
-        help=env_help("port to listen on (default 8000)", "PIKKU_DASHBOARD_PORT"),
+        help=env_help(
+            f"port to listen on (default 8000; 0: any free one); exit {EXIT_CANNOT_LISTEN} when "
+            "it cannot be listened on",
+            "PIKKU_DASHBOARD_PORT",
+        ),
     )
     dashboard.add_argument(
         "--flower-url",

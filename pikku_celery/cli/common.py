@@ -13,6 +13,7 @@ from pikku_celery.store import WorkflowStore, require_existing_database
 
 __all__ = [
     "ENV_JSON",
+    "EXIT_CANNOT_LISTEN",
     "EXIT_ERROR",
     "EXIT_OK",
     "EXIT_SCHEMA_BEHIND",
@@ -24,10 +25,15 @@ __all__ = [
     "store_of",
 ]
 
+# Scripts and deploy checks tell outcomes apart by these; the README's "Command line" lists
+# them, so a new one is added there too.
 EXIT_OK: Final = 0
 EXIT_ERROR: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_SCHEMA_BEHIND: Final = 3
+# The dashboard cannot listen at --host/--port: a port in use calls for another port, not
+# for a look at the database, so a supervisor or script can tell the two apart.
+EXIT_CANNOT_LISTEN: Final = 4
 
 ENV_JSON: Final = "PIKKU_JSON"
 

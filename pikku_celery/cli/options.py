@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["env_flag", "int_between", "json_value", "listed", "parse_age"]
+__all__ = ["env_flag", "int_between", "json_value", "listed", "parse_age", "port_number"]
 
 _AGE: Final = re.compile(r"(\d+)\s*([smhd])")
 _AGE_UNITS: Final = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -38,6 +38,24 @@ def int_between(low: int, high: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
+        return value
+
+    return parse
+
+
+def port_number(option: str, env: str) -> Callable[[str], int]:
+    """A TCP port to listen on; 0 lets the system pick a free one."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if not 0 <= value <= 65535:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a port; give {option} (or {env}) a number from 1 to 65535, "
+                "or 0 for any free port"
+            )
         return value
 
     return parse

@@ -391,9 +391,9 @@ def test_dashboard_with_app_wires_the_run_actions(
         return real_create_app(store, **options)
 
     monkeypatch.setattr(dashboard, "create_app", create_app)
-    monkeypatch.setattr(uvicorn, "run", lambda app, **options: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets=None: None)
     monkeypatch.setenv("PIKKU_DASHBOARD_PASSWORD", "pw")
-    assert cli_module.main(["dashboard", "--app", SHOP_APP]) == codes.EXIT_OK
+    assert cli_module.main(["dashboard", "--app", SHOP_APP, "--port", "0"]) == codes.EXIT_OK
     assert made["actions"] is shop.pikku
     assert made["store"] is shop.pikku.store  # the app's own database
     assert "sign in to resume, rerun, cancel and delete runs" in capsys.readouterr().out

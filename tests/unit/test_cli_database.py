@@ -39,7 +39,7 @@ def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("PIKKU_DATABASE_URL", raising=False)
     monkeypatch.delenv("PIKKU_CELERY_APP", raising=False)
     monkeypatch.setenv("PIKKU_JOURNAL_DIR", str(tmp_path / "journal"))
-    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *args, **kwargs: None)
     return folder
 
 
