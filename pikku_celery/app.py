@@ -83,6 +83,8 @@ class PikkuCelery:
                 or FLUSH_INTERVAL
             ),
         )
+        # Fail fast: a mirror that cannot journal would lose every event, one ERROR at a time.
+        self.mirror.check_journal()
         self.workflows = WorkflowEngine(app, self.mirror)
         self._upkeep: Upkeep | None = None
         # Task events stay the user's choice: Flower needs them, the mirror does not.

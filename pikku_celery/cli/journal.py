@@ -27,8 +27,9 @@ def cmd_journal(args: argparse.Namespace) -> int:
         require_existing_database(args.database_url)
     store = WorkflowStore(args.database_url)
     mirror = CeleryMirror(store, journal_dir=args.journal_dir)
-    folder = mirror.journal_folder
     try:
+        # A folder that cannot be made is no "0 events": nothing could ever be journaled.
+        folder = mirror.check_journal()
         waiting = journal_depth(folder.parent, only=folder.name)
         aside = journal_depth(folder.parent, only=folder.name, table="set_aside")
         files = len(list(folder.glob(f"*{SUFFIX}"))) if folder.is_dir() else 0

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from pikku_celery.errors import StoreConflict, StoreError, Transient
+from pikku_celery.errors import SchemaNotCurrent, StoreConflict, StoreError, Transient
 from pikku_celery.integration.apply import Pending, plan
 from pikku_celery.integration.events import MirrorEvent, decode, encode
 from pikku_celery.store import Journal, JournalEntry, WorkflowStore, orphaned_journals
@@ -51,6 +51,8 @@ ADOPT_INTERVAL: Final = 2.0
 # process (a step's publish) before the step is recorded without it.
 GRACE: Final = 60.0
 _RETRY_FIRST, _RETRY_MOST = 0.02, 2.0
+# Seconds between two log lines about tables that are missing or behind.
+_SCHEMA_LOG_EVERY: Final = 60.0
 _LAG_SAMPLES: Final = 100_000
 # Deliveries are counted by event id for this long: a journal written again later
 # than that (a machine back after a day) could count its starts twice.
@@ -78,6 +80,7 @@ class Delivery:
         self,
         store: Callable[[], WorkflowStore],
         folder: Callable[[], Path],
+        database: Callable[[], str],
         *,
         flush_interval: float = FLUSH_INTERVAL,
         batch_size: int = BATCH_SIZE,
@@ -88,6 +91,7 @@ class Delivery:
         self._store = store
         self.background = background
         self._folder = folder
+        self._database = database
         self.flush_interval = flush_interval
         self.batch_size = batch_size
         self.adopt_interval = adopt_interval
@@ -107,6 +111,7 @@ class Delivery:
         self._appended = self._written = self._batches = self._set_aside = 0
         self._lags: deque[float] = deque(maxlen=_LAG_SAMPLES)
         self._outage_since: float | None = None
+        self._schema_logged_at = -_SCHEMA_LOG_EVERY
         self._outage_written = 0
         self._last_adopt = 0.0
         self._last_prune = time.monotonic()
@@ -124,12 +129,18 @@ class Delivery:
         self._listeners.append(listener)
 
     def twin(
-        self, store: Callable[[], WorkflowStore], folder: Callable[[], Path], *, background: bool
+        self,
+        store: Callable[[], WorkflowStore],
+        folder: Callable[[], Path],
+        database: Callable[[], str],
+        *,
+        background: bool,
     ) -> Delivery:
         """A delivery with this one's settings and listeners, for another store and folder."""
         twin = Delivery(
             store,
             folder,
+            database,
             flush_interval=self.flush_interval,
             batch_size=self.batch_size,
             adopt_interval=self.adopt_interval,
@@ -153,7 +164,7 @@ class Delivery:
     def _open(self) -> Journal:
         with self._lock:
             if self._journal is None:
-                self._journal = Journal.for_process(self._folder(), self)
+                self._journal = Journal.for_process(self._folder(), self, self._database())
                 self._start()
             return self._journal
 
@@ -247,7 +258,7 @@ class Delivery:
                 try:
                     self._write(journal, entries)
                 except Exception as exc:
-                    if not isinstance(exc, Transient):
+                    if not _an_outage(exc):
                         raise
                     if isinstance(exc, StoreConflict):
                         # Another batch held what this one needed: nothing is away, so
@@ -288,7 +299,7 @@ class Delivery:
         try:
             result = store.apply_batch(plan(pending))
         except Exception as exc:
-            if isinstance(exc, Transient):
+            if _an_outage(exc):
                 raise
             if len(pending) > 1:  # a poison event: split until it is alone
                 half = len(pending) // 2
@@ -358,9 +369,24 @@ class Delivery:
         )
 
     def _spooling(self, journal: Journal, exc: BaseException) -> None:
+        if isinstance(exc, SchemaNotCurrent):
+            # Said again every so often: unlike a network blip, this waits for a person.
+            now = time.monotonic()
+            if now - self._schema_logged_at >= _SCHEMA_LOG_EVERY:
+                self._schema_logged_at = now
+                logger.warning(
+                    "pikku-celery keeps %d mirror events in %s: the workflow tables are "
+                    "missing or behind this version; run `pikku-celery db upgrade` and they "
+                    "are written within seconds",
+                    journal.depth(),
+                    journal.path,
+                    extra={"action": "mirror_schema_behind", "journal": str(journal.path)},
+                )
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             self._outage_written = 0
+            if isinstance(exc, SchemaNotCurrent):
+                return
             logger.warning(
                 "pikku-celery cannot reach the workflow database (%s); keeping mirror events "
                 "in %s until it is back",
@@ -390,7 +416,7 @@ class Delivery:
         """
         written = 0
         try:
-            for journal in orphaned_journals(self._folder()):
+            for journal in orphaned_journals(self._folder(), self._database()):
                 if set_aside_too:
                     journal.restore_set_aside()
                 depth = journal.depth()
@@ -455,6 +481,12 @@ class Delivery:
             pass  # the database is away: the journal keeps the events
         journal.close()
         atexit.unregister(self.close)
+
+
+def _an_outage(exc: BaseException) -> bool:
+    """An error that keeps every event in the journal to be written later, never set aside:
+    the database away, or its tables missing or behind (until ``db upgrade`` has run)."""
+    return isinstance(exc, Transient | SchemaNotCurrent)
 
 
 def _reason(exc: BaseException) -> str:

@@ -19,10 +19,10 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pikku_celery.durations import format_duration
-from pikku_celery.errors import InvalidDuration, SerializationError
+from pikku_celery.errors import ConfigurationError, InvalidDuration, SerializationError
 from pikku_celery.integration.delivery import (
     ADOPT_INTERVAL,
     BATCH_SIZE,
@@ -44,11 +44,22 @@ from pikku_celery.integration.events import (
     StepPublished,
     new_event_id,
 )
-from pikku_celery.store import NewRun, WorkflowStore, default_journal_dir, journal_folder, safe_url
+from pikku_celery.store import (
+    ENV_JOURNAL_DIR,
+    NewRun,
+    WorkflowStore,
+    database_key,
+    default_journal_dir,
+    journal_folder,
+    probe_folder,
+)
 
 __all__ = ["CeleryMirror", "PublishedStep", "unserialisable"]
 
 logger = logging.getLogger(__name__)
+
+# Seconds between two log lines about events that could not be journaled.
+_FAILURE_LOG_EVERY: Final = 60.0
 
 
 def unserialisable(value: Any) -> dict[str, Any]:
@@ -104,9 +115,12 @@ class CeleryMirror:
         self._pid = os.getpid()
         self._fork_lock = threading.Lock()
         self._journal_root = Path(journal_dir) if journal_dir is not None else None
+        self._journal_failures = 0
+        self._failure_logged_at = -_FAILURE_LOG_EVERY
         self.delivery = Delivery(
             lambda: self.store,
             lambda: self.journal_folder,
+            lambda: self.database_key,
             flush_interval=flush_interval,
             batch_size=batch_size,
             adopt_interval=adopt_interval,
@@ -129,7 +143,29 @@ class CeleryMirror:
     def journal_folder(self) -> Path:
         """The folder of this database's journals."""
         root = self._journal_root or default_journal_dir()
-        return journal_folder(root, safe_url(self._store.engine.url))
+        return journal_folder(root, self._store.engine.url)
+
+    @property
+    def database_key(self) -> str:
+        """The database the journals are for, as every journal records it."""
+        return database_key(self._store.engine.url)
+
+    def check_journal(self) -> Path:
+        """The journal folder, proven writable; ``ConfigurationError`` naming it if it is not.
+
+        A mirror that cannot journal loses every event, so a process finds out at once
+        (a worker refuses to start), not one ERROR line per event later.
+        """
+        folder = self.journal_folder
+        try:
+            probe_folder(folder)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"pikku-celery cannot write its journal folder {folder} ({exc.strerror or exc}): "
+                f"point {ENV_JOURNAL_DIR} (or app.conf.pikku_journal_dir) at a folder this "
+                "process can write, on a local disk."
+            ) from exc
+        return folder
 
     @property
     def journal_depth(self) -> int:
@@ -182,7 +218,10 @@ class CeleryMirror:
         self.delivery.close()
         self._store, self._journal_root = store, Path(journal_dir)
         self.delivery = saved[2].twin(
-            lambda: self.store, lambda: self.journal_folder, background=background
+            lambda: self.store,
+            lambda: self.journal_folder,
+            lambda: self.database_key,
+            background=background,
         )
         try:
             yield
@@ -194,20 +233,34 @@ class CeleryMirror:
 
     # --- events ----------------------------------------------------------------------
 
+    @property
+    def journal_failures(self) -> int:
+        """Events this process could not journal (a full or read-only disk): they are lost."""
+        return self._journal_failures
+
     def _append(self, event: MirrorEvent) -> None:
         try:
             self.delivery.append(event)
         except Exception as exc:  # a full or read-only disk: nothing left to keep it in
+            self._journal_failures += 1
+            now = time.monotonic()
+            if now - self._failure_logged_at < _FAILURE_LOG_EVERY:
+                return  # one line per interval, not one per event of a busy worker
+            self._failure_logged_at = now
             logger.error(
-                "pikku-celery could not journal %s for task %s: %s",
+                "pikku-celery could not journal %s for task %s (%d events lost in this "
+                "process so far): %s; free the disk of %s or point %s elsewhere",
                 event.kind,
                 event.step_id,
+                self._journal_failures,
                 exc,
-                exc_info=True,
+                self.journal_folder,
+                ENV_JOURNAL_DIR,
                 extra={
                     "action": "mirror_write_failed",
                     "event": event.kind,
                     "task_id": event.step_id,
+                    "count": self._journal_failures,
                 },
             )
 

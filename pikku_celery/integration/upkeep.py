@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from pikku_celery.errors import SchemaNotCurrent
 from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper, ReapReport
 
@@ -39,6 +40,8 @@ REAPER_INTERVAL: Final = 10.0
 _RECOVERY_LEASE: Final = 10.0
 _POLL: Final = 0.5
 _RETRY_RECOVERY: Final = 5.0
+# Seconds between two log lines about tables that are missing or behind.
+_SCHEMA_LOG_EVERY: Final = 60.0
 
 #: Replays unsettled runs; calls its argument after every page, and stops when it says False.
 Recover = Callable[[Callable[[], bool]], int]
@@ -65,6 +68,7 @@ class Upkeep:
         self._thread: threading.Thread | None = None
         self._began: float | None = None
         self._made_reaper: Reaper | None = None  # one for every pass: it keeps what it looked up
+        self._schema_logged_at = -_SCHEMA_LOG_EVERY
 
     def note_start(self) -> None:
         """When the worker process starts: any recovery pass begun after now covers it.
@@ -108,6 +112,18 @@ class Upkeep:
     def _guarded(self, what: str, job: Callable[[], object]) -> bool:
         try:
             job()
+        except SchemaNotCurrent as exc:
+            # One line, now and then: the fix is a command, not a traceback to read.
+            now = time.monotonic()
+            if now - self._schema_logged_at >= _SCHEMA_LOG_EVERY:
+                self._schema_logged_at = now
+                logger.warning(
+                    "pikku-celery could not %s: %s",
+                    what,
+                    exc,
+                    extra={"action": "upkeep_schema_behind"},
+                )
+            return False
         except Exception:
             logger.exception(
                 "pikku-celery could not %s; it tries again in a few seconds",

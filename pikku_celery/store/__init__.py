@@ -13,6 +13,7 @@ from pikku_celery.store.codec import error_document
 from pikku_celery.store.engine import (
     DEFAULT_DATABASE_URL,
     ENV_DATABASE_URL,
+    database_key,
     require_existing_database,
     safe_url,
     same_database,
@@ -27,6 +28,7 @@ from pikku_celery.store.journal import (
     journal_folder,
     journaled_steps,
     orphaned_journals,
+    probe_folder,
 )
 from pikku_celery.store.models import (
     CHILD_RPC_PREFIX,
@@ -88,6 +90,7 @@ __all__ = [
     "WorkflowStore",
     "WorkflowVersion",
     "child_error",
+    "database_key",
     "default_journal_dir",
     "error_document",
     "journal_depth",
@@ -95,6 +98,7 @@ __all__ = [
     "journaled_steps",
     "now",
     "orphaned_journals",
+    "probe_folder",
     "require_existing_database",
     "run_kind",
     "safe_url",

@@ -15,6 +15,7 @@ from pikku_celery.errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
+    "database_key",
     "database_url_from_env",
     "make_engine",
     "require_existing_database",
@@ -136,19 +137,26 @@ def require_existing_database(url: str | sa.URL) -> None:
     )
 
 
+def database_key(url: str | sa.URL) -> str:
+    """The database a URL names, as text: one per database however the URL is spelled.
+
+    SQLite: the file's absolute path (two projects' ``sqlite:///pikku.db`` are two
+    databases); a server: its host, port, database and user, whatever the driver
+    alias, password or connection options.
+    """
+    parsed = _normalise(url)
+    if parsed.get_backend_name() == "sqlite":
+        return f"sqlite:{sqlite_file(parsed) or parsed.database or ''}"
+    return (
+        f"{parsed.get_backend_name()}://{parsed.username or ''}@{parsed.host or ''}"
+        f":{parsed.port or 5432}/{parsed.database or ''}"
+    )
+
+
 def same_database(first: str | sa.URL, second: str | sa.URL) -> bool:
     """Whether two URLs name one database: same server, user and database (SQLite: the same
     file), whatever the driver alias, password or connection options."""
-    a, b = _normalise(first), _normalise(second)
-    if a.get_backend_name() == "sqlite" and b.get_backend_name() == "sqlite":
-        return (sqlite_file(a) or a.database) == (sqlite_file(b) or b.database)
-    return (a.drivername, a.username, a.host, a.port or 5432, a.database) == (
-        b.drivername,
-        b.username,
-        b.host,
-        b.port or 5432,
-        b.database,
-    )
+    return database_key(first) == database_key(second)
 
 
 def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import socket
 import sqlite3
@@ -29,6 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import sqlalchemy as sa
+
+from pikku_celery.store.engine import database_key
+
 __all__ = [
     "ENV_JOURNAL_DIR",
     "Journal",
@@ -38,7 +43,10 @@ __all__ = [
     "journal_folder",
     "journaled_steps",
     "orphaned_journals",
+    "probe_folder",
 ]
+
+logger = logging.getLogger(__name__)
 
 ENV_JOURNAL_DIR: Final = "PIKKU_JOURNAL_DIR"
 SUFFIX: Final = ".journal"
@@ -50,6 +58,8 @@ _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS set_aside ("
     " seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, payload TEXT NOT NULL,"
     " reason TEXT NOT NULL, at REAL NOT NULL)",
+    # Which database the events are for: adoption writes a journal into that one only.
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
 )
 
 
@@ -78,16 +88,33 @@ def default_journal_dir() -> Path:
     return candidate
 
 
-def journal_folder(root: Path, database_key: str) -> Path:
-    """The folder for one database: a journal is only ever written into its own database."""
-    digest = hashlib.sha256(database_key.encode()).hexdigest()[:16]
+def journal_folder(root: Path, database: str | sa.URL) -> Path:
+    """The folder for one database, from its URL: a journal is only ever written into its
+    own database, so two spellings of one database share a folder, and two databases
+    spelled alike (a relative SQLite path in two projects) do not."""
+    digest = hashlib.sha256(database_key(database).encode()).hexdigest()[:16]
     return root / digest
+
+
+def probe_folder(folder: Path) -> None:
+    """Make the folder and prove a file written there is durable (written, synced,
+    removed); ``OSError`` says why it is not."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".probe-{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
+    try:
+        with open(probe, "wb") as file:
+            file.write(b"pikku-celery")
+            file.flush()
+            os.fsync(file.fileno())
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            probe.unlink()
 
 
 class Journal:
     """One journal file, locked for as long as it is open (``OSError`` if another holds it)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, database: str | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock_file = open(
@@ -104,12 +131,27 @@ class Journal:
         self._db.execute("PRAGMA synchronous=NORMAL")
         for statement in _SCHEMA:
             self._db.execute(statement)
+        if database is not None:
+            self._db.execute(
+                "INSERT OR IGNORE INTO meta (name, value) VALUES ('database', ?)",
+                (database,),
+            )
+
+    @property
+    def database(self) -> str | None:
+        """The key of the database the events are for (None: a journal that never said)."""
+        with self._mutex:
+            row = self._db.execute("SELECT value FROM meta WHERE name = 'database'").fetchone()
+        return None if row is None else str(row[0])
 
     @classmethod
-    def for_process(cls, folder: Path, owner: object = None) -> Journal:
-        """This process's journal in ``folder``; ``owner`` tells two mirrors of a process apart."""
+    def for_process(
+        cls, folder: Path, owner: object = None, database: str | None = None
+    ) -> Journal:
+        """This process's journal in ``folder`` for ``database`` (its :func:`database_key`);
+        ``owner`` tells two mirrors of a process apart."""
         name = f"{socket.gethostname()}-{os.getpid()}-{id(owner):x}{SUFFIX}"
-        return cls(folder / name)
+        return cls(folder / name, database)
 
     def append(self, kind: str, payload: str) -> None:
         """Durable against the death of this process once it returns."""
@@ -211,10 +253,15 @@ class Journal:
                 Path(f"{self.path}.lock").unlink()
 
 
-def orphaned_journals(folder: Path) -> Iterator[Journal]:
-    """Journals left by processes that are gone, each opened (and locked) for adoption."""
+def orphaned_journals(folder: Path, database: str | None = None) -> Iterator[Journal]:
+    """Journals left by processes that are gone, each opened (and locked) for adoption.
+
+    ``database``: only journals of that database (its :func:`database_key`); one that
+    says it is for another database is left where it is, with a warning.
+    """
     if not folder.is_dir():
         return
+    wanted = database
     for path in sorted(folder.glob(f"*{SUFFIX}")):
         try:
             journal = Journal(path)
@@ -222,6 +269,17 @@ def orphaned_journals(folder: Path) -> Iterator[Journal]:
             continue  # its process is alive, or another process adopted it first
         except sqlite3.Error:
             continue  # being deleted right now by the process that emptied it
+        own = journal.database
+        if wanted is not None and own is not None and own != wanted:
+            logger.warning(
+                "pikku-celery leaves journal %s alone: it holds events for %s, not %s",
+                path,
+                own,
+                wanted,
+                extra={"action": "journal_of_another_database", "journal": str(path)},
+            )
+            journal.close(delete_if_empty=False)
+            continue
         yield journal
 
 
