@@ -8,6 +8,7 @@ import argparse
 import errno
 import logging
 import os
+import select
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from pikku_celery.cli.common import (
     EXIT_CANNOT_LISTEN,
     EXIT_ERROR,
     EXIT_OK,
+    EXIT_OUTPUT_CLOSED,
     EXIT_SCHEMA_BEHIND,
     EXIT_USAGE,
     add_app_option,
@@ -322,7 +324,52 @@ def _describe(exc: BaseException) -> str:
     return " <- caused by ".join(parts)
 
 
+def _output_gone() -> bool:
+    """Whether stdout is a pipe whose reader has gone (``| head`` read its fill).
+
+    A BrokenPipeError can also come from a socket (a broker's), which is an error to
+    report; only a reader that left is the end of the output everyone expects.
+    """
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+    except (AttributeError, OSError, ValueError):  # no real stdout, or no poll (Windows)
+        return not hasattr(select, "poll")
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _quiet_stdout() -> int:
+    # What is still buffered would fail again as the interpreter exits, with "Exception
+    # ignored ... BrokenPipeError" on stderr: it goes to /dev/null instead.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+    return EXIT_OUTPUT_CLOSED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command; a reader that closes our output early (``| head``) ends it quietly,
+    with ``EXIT_OUTPUT_CLOSED``, as a command killed by SIGPIPE in a shell."""
+    try:
+        code = _main(argv)
+        # Buffered output meets a closed reader here, not at interpreter exit.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _quiet_stdout()
+    except SystemExit:  # --help and usage errors: their text may still be buffered
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise SystemExit(_quiet_stdout()) from None
+        raise
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     # A URL the user gave (option or variable), as opposed to the default: only a given one
     # is handed to --app's PikkuCelery, which has a default of its own.
@@ -343,6 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a dependency's error (a broker that is down): still one line
+        if isinstance(exc, BrokenPipeError) and _output_gone():
+            raise
         if args.verbose:
             logger.exception("pikku-celery failed")
         print(

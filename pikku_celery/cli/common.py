@@ -16,6 +16,7 @@ __all__ = [
     "EXIT_CANNOT_LISTEN",
     "EXIT_ERROR",
     "EXIT_OK",
+    "EXIT_OUTPUT_CLOSED",
     "EXIT_SCHEMA_BEHIND",
     "EXIT_USAGE",
     "add_app_option",
@@ -34,6 +35,9 @@ EXIT_SCHEMA_BEHIND: Final = 3
 # The dashboard cannot listen at --host/--port: a port in use calls for another port, not
 # for a look at the database, so a supervisor or script can tell the two apart.
 EXIT_CANNOT_LISTEN: Final = 4
+# The reader of stdout went away (`runs list | head`): 128 + SIGPIPE, what a shell reports
+# for a command that SIGPIPE ended, so `set -o pipefail` scripts see what they expect.
+EXIT_OUTPUT_CLOSED: Final = 141
 
 ENV_JSON: Final = "PIKKU_JSON"
 
