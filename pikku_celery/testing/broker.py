@@ -5,12 +5,18 @@ protocol-2 messages with their headers, ``after_task_publish``); only the
 transport under kombu changes. Each broker has a kombu memory transport of its
 own, so the messages of one runner never reach another, or a test that uses
 ``memory://`` itself.
+
+A message with an ETA is taken off its queue and held, as a worker holds it in
+its timer, until the time it is asked for (the runner's clock) reaches the ETA.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import heapq
+import itertools
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from celery import Celery
@@ -57,6 +63,9 @@ class InMemoryBroker:
         self._saved_backend: Any = None
         self._connection: Connection | None = None
         self._cursor = 0
+        # (eta, order, message): the order keeps messages of one ETA in the order they came.
+        self._held: list[tuple[dt.datetime, int, Any]] = []
+        self._order = itertools.count()
 
     # --- attach and detach ------------------------------------------------------------
 
@@ -92,6 +101,7 @@ class InMemoryBroker:
         app._backend_cache = self._saved_backend  # type: ignore[attr-defined]
         app.conf.update(self._saved)
         self._queues.clear()
+        self._held.clear()
 
     def _drop_app_pools(self) -> None:
         self.app._pool = None  # type: ignore[attr-defined]
@@ -125,26 +135,58 @@ class InMemoryBroker:
         """The next message of one queue, or None."""
         return self.channel.basic_get(queue)
 
-    def next_message(self, skip: frozenset[str] = frozenset()) -> Any | None:
-        """The next message of any queue but ``skip``, taking the queues in turn, or None."""
+    def next_message(self, now: dt.datetime, skip: frozenset[str] = frozenset()) -> Any | None:
+        """The next message due at ``now`` of any queue but ``skip``, or None.
+
+        Held messages whose ETA has come go first, earliest ETA first; then the
+        queues, taken in turn. A queued message whose ETA is after ``now`` is
+        held on the way. None means every queue is empty.
+        """
+        if self._held and self._held[0][0] <= now:
+            return heapq.heappop(self._held)[2]
         names = [name for name in self._queues if name not in skip]
         for offset in range(len(names)):
             name = names[(self._cursor + offset) % len(names)]
-            message = self.get(name)
-            if message is not None:
+            while (message := self.get(name)) is not None:
+                eta = self._eta(message.headers)
+                if eta is not None and eta > now:
+                    heapq.heappush(self._held, (eta, next(self._order), message))
+                    continue
                 self._cursor = (self._cursor + offset + 1) % len(names)
                 return message
         return None
 
-    def waiting(self, skip: frozenset[str] = frozenset()) -> dict[str, int]:
-        """How many messages wait, by task name (``?`` for a message that is not a task)."""
+    def next_eta(self) -> dt.datetime | None:
+        """The earliest ETA of the messages held (None: none is), once the queues are empty."""
+        return self._held[0][0] if self._held else None
+
+    def waiting(self, now: dt.datetime, skip: frozenset[str] = frozenset()) -> dict[str, int]:
+        """How many messages are due at ``now``, by task name (``?``: not a task)."""
         counts: Counter[str] = Counter()
         for name in list(self._queues):
             if name not in skip:
                 for payload in _payloads(self._queues[name]):
-                    counts[str((payload.get("headers") or {}).get("task") or "?")] += 1
+                    headers = payload.get("headers") or {}
+                    eta = self._eta(headers)
+                    if eta is None or eta <= now:
+                        counts[_task_name(headers)] += 1
+        for eta, _, message in self._held:
+            if eta <= now:
+                counts[_task_name(message.headers or {})] += 1
         return dict(counts)
+
+    def _eta(self, headers: Mapping[str, Any] | None) -> dt.datetime | None:
+        value = (headers or {}).get("eta")
+        if not value:
+            return None
+        moment = value if isinstance(value, dt.datetime) else dt.datetime.fromisoformat(value)
+        # Celery sends aware ETAs; a naive one is in the app's timezone, as a worker reads it.
+        return moment if moment.tzinfo else moment.replace(tzinfo=self.app.timezone)
 
 
 def _payloads(queue: Any) -> Iterator[dict[str, Any]]:
     yield from list(queue.queue)
+
+
+def _task_name(headers: Mapping[str, Any]) -> str:
+    return str(headers.get("task") or "?")

@@ -10,7 +10,9 @@ Tell it your app by overriding ``pikku_app`` (in a ``conftest.py`` or a test mod
         run = pikku_inline.start(shop.checkout, order_id=1)
         assert run.status == "completed"
 
-Each test gets a runner of its own, on a new SQLite file in its ``tmp_path``.
+Each test gets a runner of its own, on a new SQLite file in its ``tmp_path``, with
+a clock of its own that stands still: ``pikku_inline.advance(seconds)`` moves it, or
+set ``pikku_inline.fast_forward = True`` for every ETA to pass at once.
 """
 
 from __future__ import annotations

@@ -3,14 +3,20 @@
 The runner is a broker and a worker in one: whatever the app publishes goes to
 an in-memory broker, and :meth:`InlineRunner.run_until_idle` takes the messages
 one by one, runs each as a worker would, writes the mirror's journal to the
-runner's store, and goes on until no message is left and nothing waits to be
+runner's store, and goes on until no message is due and nothing waits to be
 written. It knows nothing of how workflows work beyond that loop, so whatever
 the engine sends (a replay, a wake-up, a child run's start) runs here too.
+
+Time is the runner's clock (:class:`~pikku_celery.testing.clock.InlineClock`):
+it stands still until :meth:`InlineRunner.advance` moves it, and a message with
+an ETA (a retry's countdown, a sleep's wake-up, a wait's timeout) runs once the
+clock reaches it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import shutil
 import tempfile
 import time
@@ -25,6 +31,7 @@ from pikku_celery.app import PikkuCelery
 from pikku_celery.errors import ConfigurationError, NeverIdle, StoreUnavailable
 from pikku_celery.store import WorkflowStore
 from pikku_celery.testing.broker import InMemoryBroker
+from pikku_celery.testing.clock import InlineClock
 from pikku_celery.testing.results import RunResult, read_result
 from pikku_celery.testing.worker import InlineWorker
 from pikku_celery.workflows.definition import Workflow
@@ -45,7 +52,13 @@ class InlineRunner:
     that folder). While the runner is open, the app publishes to an in-memory
     broker, keeps results in memory and ``pikku`` mirrors into the runner's
     store; :meth:`close` (or leaving the ``with`` block) puts all of it back.
-    Messages with an ETA or a countdown (retries, durable sleeps) run at once.
+
+    Messages with an ETA or a countdown (retry delays, durable sleeps, the
+    timeouts of waits) wait for the runner's clock, which starts at the time the
+    runner opens and moves only with :meth:`advance`: without it, a sleeping or
+    waiting run stays ``suspended``. ``fast_forward=True`` (also an attribute you
+    may set on an open runner) moves the clock to the next ETA whenever nothing
+    else is due, so every delay, sleep and timeout passes at once, in order.
     """
 
     def __init__(
@@ -55,9 +68,11 @@ class InlineRunner:
         database_url: str | None = None,
         journal_dir: str | Path | None = None,
         hostname: str | None = None,
+        fast_forward: bool = False,
     ) -> None:
         self.pikku = pikku
         self.app = pikku.app
+        self.fast_forward = fast_forward
         self._database_url = database_url
         self._journal_dir = journal_dir
         self._hostname = hostname
@@ -65,6 +80,7 @@ class InlineRunner:
         self._store: WorkflowStore | None = None
         self._broker: InMemoryBroker | None = None
         self._worker: InlineWorker | None = None
+        self._clock: InlineClock | None = None
 
     # --- lifetime -----------------------------------------------------------------------
 
@@ -84,6 +100,8 @@ class InlineRunner:
             broker = InMemoryBroker(self.app)
             broker.attach()
             stack.callback(broker.detach)
+            clock = InlineClock()
+            stack.enter_context(clock.installed(self.app))
             # Restored before the broker: the last flush may send replays, and they
             # must reach the in-memory broker, never the configured one.
             journal_dir = self._journal_dir or (Path(str(folder)) / "journal")
@@ -94,6 +112,7 @@ class InlineRunner:
             worker.start()
             stack.callback(worker.stop)
             self._store, self._broker, self._worker = store, broker, worker
+            self._clock = clock
             self._stack = stack.pop_all()
         return self
 
@@ -101,6 +120,7 @@ class InlineRunner:
         """Put the app's broker, result backend and ``pikku``'s store back as they were."""
         stack, self._stack = self._stack, None
         self._store = self._broker = self._worker = None
+        self._clock = None
         if stack is not None:
             stack.close()
 
@@ -120,47 +140,88 @@ class InlineRunner:
         """The runner's store: read runs, steps and attempts from it."""
         return self._open()[0]
 
-    def _open(self) -> tuple[WorkflowStore, InMemoryBroker, InlineWorker]:
-        if self._store is None or self._broker is None or self._worker is None:
+    @property
+    def now(self) -> dt.datetime:
+        """The runner's clock: the time the workflows and the app see (aware, UTC)."""
+        return self._open()[3].now()
+
+    def _open(self) -> tuple[WorkflowStore, InMemoryBroker, InlineWorker, InlineClock]:
+        if (
+            self._store is None
+            or self._broker is None
+            or self._worker is None
+            or self._clock is None
+        ):
             raise ConfigurationError(
                 "The inline runner is not open; use it as `with InlineRunner(pikku) as "
                 "runner:` or call runner.open() first."
             )
-        return self._store, self._broker, self._worker
+        return self._store, self._broker, self._worker, self._clock
 
     # --- running ------------------------------------------------------------------------
 
     def run_until_idle(self, max_messages: int = MAX_MESSAGES) -> int:
-        """Run messages until none is left and the mirror has written everything.
+        """Run messages until none is due and the mirror has written everything.
 
-        Returns how many messages ran. Raises :class:`NeverIdle` when
-        ``max_messages`` ran and more are waiting (a step retrying for ever, a
+        Returns how many messages ran. Messages whose ETA the clock has not
+        reached stay held (unless ``fast_forward``). Raises :class:`NeverIdle`
+        when ``max_messages`` ran and more are due (a step retrying for ever, a
         workflow that never ends).
         """
-        _, broker, worker = self._open()
+        return self._run(max_messages, until=None)
+
+    def advance(self, seconds: float | dt.timedelta, max_messages: int = MAX_MESSAGES) -> int:
+        """Move the runner's clock forward by ``seconds`` and run what becomes due.
+
+        The clock stops at each held ETA on the way, earliest first, and runs
+        what is due there until idle before it goes on, so a message published
+        on the way (a retry after a retry, a sleep after a timeout) is due at
+        its own time. Returns how many messages ran; read runs with
+        :meth:`result`.
+        """
+        delta = seconds if isinstance(seconds, dt.timedelta) else dt.timedelta(seconds=seconds)
+        if delta < dt.timedelta(0):
+            raise ConfigurationError(
+                f"The inline runner's clock only moves forward; advance({seconds!r}) "
+                "needs 0 seconds or more."
+            )
+        return self._run(max_messages, until=self._open()[3].now() + delta)
+
+    def _run(self, max_messages: int, until: dt.datetime | None) -> int:
+        _, broker, worker, clock = self._open()
         skip = worker.control_queues
         ran = 0
         deadline: float | None = None
         while True:
             self._flush()
             worker.read_control()
+            now = clock.now()
             if ran >= max_messages:
-                waiting = broker.waiting(skip)
+                waiting = broker.waiting(now, skip)
                 if waiting:
                     raise NeverIdle(ran, waiting)
-            message = broker.next_message(skip)
+            message = broker.next_message(now, skip)
             if message is not None:
                 worker.execute(message)
                 ran += 1
                 deadline = None
                 continue
-            if self.pikku.mirror.journal_depth == 0:
-                return ran
-            # Events the mirror deferred (they wait for another event): give them a moment.
-            deadline = deadline or time.monotonic() + SETTLE_TIMEOUT
-            if time.monotonic() > deadline:
-                raise NeverIdle(ran, {})
-            time.sleep(0.01)
+            if self.pikku.mirror.journal_depth != 0:
+                # Events the mirror deferred (they wait for another event): give them a moment.
+                deadline = deadline or time.monotonic() + SETTLE_TIMEOUT
+                if time.monotonic() > deadline:
+                    raise NeverIdle(ran, {})
+                time.sleep(0.01)
+                continue
+            # Nothing is due and everything is written, as it would be by then on a
+            # worker: only now may time pass, and only to the next ETA.
+            eta = broker.next_eta()
+            if eta is not None and (self.fast_forward or (until is not None and eta <= until)):
+                clock.move_to(eta)
+                continue
+            if until is not None:
+                clock.move_to(until)
+            return ran
 
     def _flush(self) -> None:
         if not self.pikku.mirror.flush():
@@ -236,7 +297,10 @@ def inline(
     *,
     database_url: str | None = None,
     journal_dir: str | Path | None = None,
+    fast_forward: bool = False,
 ) -> Iterator[InlineRunner]:
     """``with inline(pikku) as runner:`` an open :class:`InlineRunner`, closed at the end."""
-    with InlineRunner(pikku, database_url=database_url, journal_dir=journal_dir) as runner:
+    with InlineRunner(
+        pikku, database_url=database_url, journal_dir=journal_dir, fast_forward=fast_forward
+    ) as runner:
         yield runner

@@ -114,5 +114,6 @@ class InlineWorker:
         )
         if task.__trace__ is None:
             self._traced.add(task)
-        # ETA and countdown are not waited for: the message runs now (see the README).
+        # The broker hands a message with an ETA over only once the runner's clock has
+        # reached it, so it runs now, as a worker's timer would run it then.
         request.execute()

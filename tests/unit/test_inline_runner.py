@@ -3,10 +3,15 @@
 Every message goes through Celery's own publish path and worker tracer, so the
 mirror sees what a worker would produce; the app's broker is on a port where
 nothing listens, so a message that leaked to it would fail the test.
+
+These runners fast-forward: their clock jumps to the next ETA whenever nothing else
+is due, so the hour-long retry delay and sleep below pass at once. How ETAs wait for
+a clock that stands still is in test_inline_clock.py.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 import uuid
 from collections import Counter
@@ -146,7 +151,7 @@ def shop(tmp_path: Path) -> Iterator[Shop]:
 
 @pytest.fixture
 def runner(shop: Shop) -> Iterator[InlineRunner]:
-    with InlineRunner(shop.pikku) as runner:
+    with InlineRunner(shop.pikku, fast_forward=True) as runner:
         yield runner
 
 
@@ -226,12 +231,13 @@ def test_retries_running_out_fail_the_step_with_its_last_error(
 
 def test_a_durable_sleep_ends_at_once(shop: Shop, runner: InlineRunner) -> None:
     shop.fixed = True
-    began = time.monotonic()
+    began, clock = time.monotonic(), runner.now
     run = runner.start(shop.checkout, order_id=4)
     assert time.monotonic() - began < 10  # the sleep is an hour
     assert run.status == "completed"
     sleep = run.steps["cool-off"]
     assert sleep.status == "succeeded" and sleep.attempts[0].eta is not None
+    assert runner.now == sleep.attempts[0].eta == clock + dt.timedelta(hours=1)
 
 
 def test_a_lone_task_is_a_run_of_its_own(shop: Shop, runner: InlineRunner) -> None:
@@ -344,6 +350,7 @@ def test_the_pikku_inline_fixture_runs_the_app_of_pikku_app(
     shop: Shop, pikku_inline: InlineRunner
 ) -> None:
     shop.fixed = True
+    pikku_inline.fast_forward = True  # the checkout's hour of cool-off passes at once
     assert pikku_inline.pikku is shop.pikku
     assert pikku_inline.start(shop.checkout, order_id=6).status == "completed"
 
