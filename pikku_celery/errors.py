@@ -296,19 +296,44 @@ class StepMismatch(WorkflowError):
 
 
 class VersionConflict(WorkflowError):
-    """A run started by one version of a workflow was replayed by another."""
+    """A run started by one version of a workflow was replayed by another that may not
+    take it over."""
 
     code = "VERSION_CONFLICT"
 
-    def __init__(self, workflow: str, started: str | None, current: str) -> None:
+    def __init__(
+        self,
+        workflow: str,
+        started: str | None,
+        current: str,
+        *,
+        run_id: str | None = None,
+        step: str | None = None,
+        detail: str | None = None,
+    ) -> None:
         self.workflow = workflow
         self.started = started
         self.current = current
+        self.run_id = run_id
+        #: The first step of the run's history this version does not replay as recorded;
+        #: None when a pinned version (``version=``) refused the run without a look at them.
+        self.step = step
+        resume = f"`pikku.resume({run_id!r})`" if run_id else "`pikku.resume(run_id)`"
+        if step is None:
+            super().__init__(
+                f"VERSION_CONFLICT: run of workflow {workflow!r} was started by version "
+                f"{started!r} but this worker runs version {current!r}; finish it on a "
+                f"worker of version {started!r} ({resume} once one runs), or declare that "
+                f"version compatible: @pikku.workflow({workflow!r}, compatible=[{started!r}])."
+            )
+            return
         super().__init__(
             f"VERSION_CONFLICT: run of workflow {workflow!r} was started by version "
-            f"{started!r} but this worker runs version {current!r}; deploy the old version "
-            f"to finish it, or declare it compatible: "
-            f"@pikku.workflow({workflow!r}, compatible=[{started!r}])."
+            f"{started!r}, and this worker's version {current!r} does not replay its steps: "
+            f"step {step!r} {detail or 'is not replayed as recorded'}. Finish the run on a "
+            f"worker of version {started!r} ({resume} once one runs), or start a new run: "
+            "a new version takes a run over only when it asks for the run's recorded steps "
+            "by the same names, in the same order."
         )
 
 

@@ -27,6 +27,7 @@ from pikku_celery.store import (
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.faults import crash_point
 from pikku_celery.workflows.reopen import reopen
+from pikku_celery.workflows.versions import VersionWatch
 
 __all__ = ["SLEEP", "WAIT", "Dispatcher", "RunState", "Suspend", "WorkflowContext"]
 
@@ -101,6 +102,15 @@ def _is_task(fn: Any) -> bool:
     return hasattr(fn, "apply_async") and hasattr(fn, "name")
 
 
+def _rpc_name(fn: Any) -> str | None:
+    """The task name a step of ``fn`` is recorded under (None: an inline step)."""
+    if isinstance(fn, Workflow):
+        return CHILD_RPC_PREFIX + fn.name
+    if _is_task(fn):
+        return str(fn.name)
+    return None
+
+
 class WorkflowContext:
     def __init__(
         self,
@@ -109,7 +119,9 @@ class WorkflowContext:
         steps: dict[str, StepState],
         state: dict[str, Any],
         dispatcher: Dispatcher,
+        watch: VersionWatch | None = None,
     ) -> None:
+        """``watch``: set when the run was started by another version of the workflow."""
         self.run_id = run_id
         self.state = RunState(store, run_id, state)
         self.sleeping = False
@@ -119,6 +131,7 @@ class WorkflowContext:
         self._seen: dict[str, int] = {}
         self._previous: str | None = None
         self._previous_id: str | None = None
+        self.watch = watch
 
     # --- the workflow's API -----------------------------------------------------
 
@@ -129,6 +142,7 @@ class WorkflowContext:
         worker. Any other callable is an inline step, run here in the replay.
         """
         key = self._key(name)
+        self._asking(key, _rpc_name(fn), self._previous)
         value = self._resolve(key, fn, args, kwargs, self._previous)
         self._previous = key
         if value is _IN_FLIGHT:
@@ -148,9 +162,11 @@ class WorkflowContext:
             raise ConfigurationError(f"wait_for({name!r}) needs a timeout of 0 or more seconds.")
         key = self._key(name)
         step = self._steps.get(key)
+        self._asking(key, WAIT, self._previous)
         previous, self._previous = self._previous, key
         now = clock()
         if step is None:
+            self._beyond(f"waits for a new event {key!r}")
             deadline = None if timeout is None else now + dt.timedelta(seconds=timeout)
             step_id = str(uuid.uuid4())
             data: dict[str, Any] = {
@@ -231,8 +247,12 @@ class WorkflowContext:
         before = self._previous
         results: list[Any] = []
         failure: StepFailed | None = None
-        for name, fn, *args in calls:
-            key = self._key(name)
+        keys = [self._key(name) for name, *_ in calls]
+        # Every branch is asked for before any is claimed, so that a new branch beside
+        # recorded ones is judged with the whole group, wherever it stands in it.
+        for key, (_, fn, *_) in zip(keys, calls, strict=True):
+            self._asking(key, _rpc_name(fn), before)
+        for key, (_, fn, *args) in zip(keys, calls, strict=True):
             try:
                 results.append(self._resolve(key, fn, tuple(args), {}, before))
             except StepFailed as exc:
@@ -249,9 +269,11 @@ class WorkflowContext:
         """A durable pause: a message with an ETA wakes the run, whatever restarts between."""
         key = self._key(name)
         step = self._steps.get(key)
+        self._asking(key, SLEEP, self._previous)
         previous, self._previous = self._previous, key
         now = clock()
         if step is None:
+            self._beyond(f"sleeps in a new step {key!r}")
             wake_at = now + dt.timedelta(seconds=seconds)
             step_id = str(uuid.uuid4())
             self._previous_id = step_id
@@ -294,6 +316,15 @@ class WorkflowContext:
         count = self._seen.get(name, 0) + 1
         self._seen[name] = count
         return name if count == 1 else f"{name}#{count}"
+
+    def _asking(self, key: str, rpc_name: str | None, previous: str | None) -> None:
+        if self.watch is not None:
+            self.watch.asked(key, rpc_name, previous)
+
+    def _beyond(self, doing: str) -> None:
+        """Before a step the run's history does not hold is claimed or run."""
+        if self.watch is not None:
+            self.watch.beyond(doing)
 
     @staticmethod
     def _check_task(key: str, step: StepState, expected: str | None) -> None:
@@ -351,6 +382,7 @@ class WorkflowContext:
             )
         step = self._steps.get(key)
         if step is None:
+            self._beyond(f"asks for a new step {key!r}")
             step_id = str(uuid.uuid4())
             self._previous_id = step_id
             if self._store.claim_step(
@@ -392,6 +424,8 @@ class WorkflowContext:
             ended = self._ended(key, step, None)
             if ended is not _IN_FLIGHT:
                 return ended
+        else:
+            self._beyond(f"runs a new inline step {key!r}")
         step_id = step.step_id if step is not None else str(uuid.uuid4())
         attempt = step.attempt_count if step is not None else 1
         started = dt.datetime.now(dt.timezone.utc)
@@ -447,6 +481,7 @@ class WorkflowContext:
         child_run_id = idempotency_key(self.run_id, key)
         step = self._steps.get(key)
         if step is None:
+            self._beyond(f"starts a new child run {key!r}")
             step_id = str(uuid.uuid4())
             self._previous_id = step_id
             self._store.upsert_workflow_version(child.name, child.version, child.graph, "python")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
+import textwrap
+import types
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,14 +20,64 @@ __all__ = ["Workflow", "code_version"]
 # collide with the step keys derived in Pikku's.
 _START_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://pikku.dev/celery/start")
 
+_Function = ast.FunctionDef | ast.AsyncFunctionDef
+
 
 def code_version(fn: Callable[..., Any]) -> str:
-    """A short hash of the function's source: a code change is a new version."""
+    """A short hash of what the function does: a change of its code is a new version.
+
+    The hash is of its syntax tree without decorators, docstrings, comments and
+    layout, so reformatting the function, rewording its comments or moving it in
+    its file leaves the version as it is.
+    """
+    tree = _syntax_tree(fn)
+    if tree is not None:
+        material = ast.dump(tree).encode()
+    else:
+        code = getattr(inspect.unwrap(fn), "__code__", None)
+        if isinstance(code, types.CodeType):
+            material = _code_material(code)
+        else:  # a callable object: nothing but its name says what it is
+            name = getattr(fn, "__qualname__", type(fn).__qualname__)
+            material = f"{fn.__module__}.{name}".encode()
+    return hashlib.sha256(material).hexdigest()[:12]
+
+
+def _syntax_tree(fn: Callable[..., Any]) -> _Function | None:
+    """The function's definition as parsed from its source, decorators and docstrings
+    removed; None without source or for a lambda (its lines hold more than itself)."""
     try:
-        source = inspect.getsource(fn).encode()
-    except (OSError, TypeError):  # no source file (a REPL, a frozen app): use the bytecode
-        source = fn.__code__.co_code
-    return hashlib.sha256(source).hexdigest()[:12]
+        module = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    node = module.body[0] if module.body else None
+    if not isinstance(node, _Function) or node.name != getattr(fn, "__name__", None):
+        return None
+    node.decorator_list = []
+    for each in ast.walk(node):
+        if isinstance(each, _Function | ast.ClassDef) and _is_docstring(each.body[0]):
+            each.body = each.body[1:] or [ast.Pass()]
+    return node
+
+
+def _is_docstring(statement: ast.stmt) -> bool:
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
+
+
+def _code_material(code: types.CodeType) -> bytes:
+    """Without source (a REPL, a frozen app): the bytecode with the names and constants
+    it uses, nested functions included, and no line numbers."""
+    parts = [code.co_code, repr(code.co_names).encode(), repr(code.co_varnames).encode()]
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            parts.append(_code_material(constant))
+        else:
+            parts.append(repr(constant).encode())
+    return b"\0".join(parts)
 
 
 @dataclass(frozen=True)
@@ -35,6 +88,10 @@ class Workflow:
     fn: Callable[..., Any]
     version: str
     compatible: frozenset[str] = frozenset()
+    #: The version was given (``version=``): a run of a version not in ``compatible``
+    #: fails without a look at its steps. A version derived from the code is not
+    #: pinned: such a run is replayed under watch (see ``workflows.versions``).
+    pinned: bool = True
     starter: Callable[[Workflow, tuple[Any, ...], dict[str, Any], str | None], str] | None = field(
         default=None, repr=False, compare=False
     )

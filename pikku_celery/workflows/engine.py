@@ -124,6 +124,7 @@ class WorkflowEngine:
             fn=fn,
             version=version or code_version(fn),
             compatible=frozenset(compatible),
+            pinned=bool(version),
             starter=self._start,
         )
         self.workflows[name] = workflow

@@ -19,12 +19,13 @@ from pikku_celery.store import (
 )
 from pikku_celery.workflows.context import Dispatcher, Suspend, WorkflowContext
 from pikku_celery.workflows.definition import Workflow
+from pikku_celery.workflows.versions import Diverged, Undecided, VersionWatch
 
 __all__ = ["Outcome", "parent_of", "replay"]
 
 logger = logging.getLogger(__name__)
 
-Outcome = Literal["settled", "waiting", "sleeping", "completed", "failed"]
+Outcome = Literal["settled", "waiting", "sleeping", "completed", "failed", "undecided"]
 _GOING: Final = ("running", "suspended")
 
 
@@ -74,24 +75,58 @@ def replay(
     run = run if run is not None else store.get_run(run_id)
     if run.status in SETTLED_RUN_STATUSES:
         return "settled"
-    if not workflow.accepts(run.graph_hash):
-        conflict = VersionConflict(workflow.name, run.graph_hash, workflow.version)
-        document = error_document(conflict)
-        document["code"] = VersionConflict.code
-        _settle(store, run, dispatcher, "failed", error=document)
+    foreign = not workflow.accepts(run.graph_hash)
+    if foreign and workflow.pinned:
+        conflict = VersionConflict(workflow.name, run.graph_hash, workflow.version, run_id=run_id)
+        _settle(store, run, dispatcher, "failed", error=_conflict_document(conflict))
         return "failed"
     if run.status == "suspended":
         store.move_run(run_id, "running", from_statuses=("suspended",))
     steps = {step.step_name: step for step in store.list_step_states(run_id)}
-    ctx = WorkflowContext(store, run_id, steps, dict(run.state), dispatcher)
+    watch = (
+        VersionWatch(workflow.name, run_id, run.graph_hash, workflow.version, steps)
+        if foreign
+        else None
+    )
+    ctx = WorkflowContext(store, run_id, steps, dict(run.state), dispatcher, watch)
     call = run.input if isinstance(run.input, dict) else {}
     try:
-        output = workflow.fn(ctx, *call.get("args", []), **call.get("kwargs", {}))
+        output = _walk(workflow, ctx, call)
     except Suspend:
         if ctx.sleeping:
             store.move_run(run_id, "suspended", from_statuses=("running",))
             return "sleeping"
         return "waiting"
+    except Diverged as diverged:
+        logger.warning(
+            "workflow %s run %s failed: %s",
+            workflow.name,
+            run_id,
+            diverged.conflict,
+            extra={"action": "version_conflict", "run_id": run_id},
+        )
+        _settle(store, run, dispatcher, "failed", error=_conflict_document(diverged.conflict))
+        return "failed"
+    except Undecided as undecided:
+        # Never failed on a doubt: a worker of the run's own version (or this one, told
+        # by compatible=) can still finish it; a resume or a worker's start replays it.
+        logger.warning(
+            "workflow %s run %s was started by version %s, and this worker's version %s "
+            "cannot tell whether it may take the run over: %s. The run stays suspended; "
+            "finish it on a worker of version %s, or, if this version replays it as it "
+            "is, declare compatible=[%r] and pikku.resume(%r).",
+            workflow.name,
+            run_id,
+            run.graph_hash,
+            workflow.version,
+            undecided.reason,
+            run.graph_hash,
+            run.graph_hash,
+            run_id,
+            extra={"action": "version_undecided", "run_id": run_id},
+        )
+        store.move_run(run_id, "suspended", from_statuses=("running",))
+        return "undecided"
     except StepFailed as exc:
         document = error_document(exc)
         document.update(step=exc.step_name, cause=exc.error)
@@ -113,3 +148,29 @@ def replay(
         _settle(store, run, dispatcher, "failed", error=error_document(exc))
         return "failed"
     return "completed"
+
+
+def _walk(workflow: Workflow, ctx: WorkflowContext, call: dict[str, Any]) -> Any:
+    """Run the workflow function once; under a version watch, its end is judged too."""
+    watch = ctx.watch
+    try:
+        output = workflow.fn(ctx, *call.get("args", []), **call.get("kwargs", {}))
+    except StepFailed as exc:
+        if watch is not None:
+            watch.beyond(f"ends the run with step {exc.step_name!r}'s failure")
+        raise
+    except Exception as exc:
+        if watch is not None:
+            watch.own_error(exc)
+        raise
+    if watch is not None:
+        watch.beyond("ends the run")
+    return output
+
+
+def _conflict_document(conflict: VersionConflict) -> dict[str, Any]:
+    document = error_document(conflict)
+    document["code"] = VersionConflict.code
+    if conflict.step is not None:
+        document["step"] = conflict.step
+    return document
