@@ -11,8 +11,8 @@ import os
 import select
 import socket
 import sys
-from collections.abc import Callable, Sequence
-from typing import Final, NoReturn
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final, NoReturn
 
 from pikku_celery.cli.app_loader import ENV_APP, load_pikku
 from pikku_celery.cli.common import (
@@ -93,9 +93,7 @@ def cmd_db_check(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from pikku_celery.demo.command import run_demo
 
-    return run_demo(
-        database_url=args.demo_database_url or args.database_url, broker_url=args.broker_url
-    )
+    return run_demo(database_url=args.database_url, broker_url=args.broker_url)
 
 
 class CannotListen(Exception):
@@ -226,20 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pikku-celery",
         description="A workflow backend for Celery: runs, steps and attempts in SQL.",
     )
-    parser.add_argument(
-        "--database-url",
-        default=None,  # main() tells a URL that was given from the default (see --app)
-        help=env_help(
-            f"database URL (default {DEFAULT_DATABASE_URL}); with --app, the app's "
-            "PikkuCelery is pointed at it, and an app that names another database itself "
-            "is an error",
-            ENV_DATABASE_URL,
-        ),
-    )
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="show tracebacks and debug logs"
-    )
-    add_app_option(parser, default=os.environ.get(ENV_APP) or None)
+    _add_global_options(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     db = commands.add_parser("db", help="manage the database schema")
@@ -261,12 +246,6 @@ def build_parser() -> argparse.ArgumentParser:
         help=env_help(
             "Celery broker URL (default: a temporary filesystem broker)", ENV_DEMO_BROKER_URL
         ),
-    )
-    demo.add_argument(
-        "--database-url",
-        dest="demo_database_url",
-        default=None,
-        help="database URL for the mirror (same as the global option)",
     )
     demo.set_defaults(func=cmd_demo)
 
@@ -298,7 +277,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("PIKKU_FLOWER_URL"),
         help=env_help("Flower's address, to link every attempt to its task", "PIKKU_FLOWER_URL"),
     )
-    add_app_option(dashboard, default=argparse.SUPPRESS)
     dashboard.set_defaults(func=cmd_dashboard)
 
     commands.add_parser(
@@ -311,7 +289,50 @@ def build_parser() -> argparse.ArgumentParser:
     add_prune_command(commands)
     add_reap_command(commands, json_default=env_flag(ENV_JSON))
     add_journal_command(commands)
+    for command in _commands_of(parser):
+        _add_global_options(command, top=False)
     return parser
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """``--database-url``, ``-v`` and ``--app``, before the command or after it.
+
+    Messages suggest commands like ``pikku-celery db upgrade --database-url ...``, and
+    people add an option where the command ends: both spellings must mean the same. On a
+    command the options default to nothing at all (``SUPPRESS``), so one given before
+    the command is not undone by the command's own default.
+    """
+    unset: Any = argparse.SUPPRESS
+    where: argparse._ActionsContainer = (
+        parser if top else parser.add_argument_group("global options (before or after the command)")
+    )
+    where.add_argument(
+        "--database-url",
+        default=None if top else unset,  # main() tells a URL that was given from the default
+        help=env_help(
+            f"database URL (default {DEFAULT_DATABASE_URL}); with --app, the app's "
+            "PikkuCelery is pointed at it, and an app that names another database itself "
+            "is an error",
+            ENV_DATABASE_URL,
+        ),
+    )
+    where.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=False if top else unset,
+        help="show tracebacks and debug logs",
+    )
+    add_app_option(where, default=(os.environ.get(ENV_APP) or None) if top else unset)
+
+
+def _commands_of(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Every command and subcommand under ``parser``, each once (an alias is the same one)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in {id(p): p for p in action.choices.values()}.values():
+                yield command
+                yield from _commands_of(command)
 
 
 def _describe(exc: BaseException) -> str:

@@ -55,7 +55,7 @@ def print_json(document: Any) -> None:
     print(json.dumps(document, ensure_ascii=False, indent=2))
 
 
-def add_app_option(parser: argparse.ArgumentParser, *, default: Any) -> None:
+def add_app_option(parser: argparse._ActionsContainer, *, default: Any) -> None:
     parser.add_argument(
         "--app",
         metavar="MODULE[:ATTR]",

@@ -10,7 +10,6 @@ from typing import Any, Final
 from pikku_celery.cli.app_loader import user_app
 from pikku_celery.cli.common import (
     EXIT_OK,
-    add_app_option,
     add_json_option,
     env_help,
     print_json,
@@ -186,7 +185,6 @@ def add_runs_command(commands: Any) -> None:
 
     resume = actions.add_parser("resume", help="new attempts for a run's failed steps (--app)")
     resume.add_argument("run_id", metavar="RUN_ID")
-    add_app_option(resume, default=argparse.SUPPRESS)
     resume.set_defaults(func=cmd_runs_resume)
 
     rerun = actions.add_parser("rerun", help="new attempts from one step of a run on (--app)")
@@ -199,12 +197,10 @@ def add_runs_command(commands: Any) -> None:
         required=from_step is None,
         help=env_help("the first step to run again", "PIKKU_RERUN_FROM_STEP"),
     )
-    add_app_option(rerun, default=argparse.SUPPRESS)
     rerun.set_defaults(func=cmd_runs_rerun)
 
     cancel = actions.add_parser("cancel", help="cancel a run and revoke its open steps (--app)")
     cancel.add_argument("run_id", metavar="RUN_ID")
-    add_app_option(cancel, default=argparse.SUPPRESS)
     cancel.set_defaults(func=cmd_runs_cancel)
 
     send = actions.add_parser(
@@ -227,5 +223,4 @@ def add_runs_command(commands: Any) -> None:
         ),
     )
     add_json_option(send)
-    add_app_option(send, default=argparse.SUPPRESS)
     send.set_defaults(func=cmd_runs_send)

@@ -80,7 +80,7 @@ def format_metrics(
     lines += _family(
         "pikku_celery_steps_lost",
         "Steps whose attempt was lost with its worker and is neither redelivered nor retried "
-        "yet; run `pikku-celery reap` if it does not go down.",
+        "yet; run `pikku-celery reap --app proj:pikku` (your app) if it does not go down.",
     )
     lines.append(f"pikku_celery_steps_lost {open_steps.lost}")
     threshold = _number(int(stale_after) if float(stale_after).is_integer() else stale_after)
