@@ -13,7 +13,13 @@ import uuid
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any, Protocol
 
-from pikku_celery.errors import ConfigurationError, EventTimeout, StepFailed, StepMismatch
+from pikku_celery.errors import (
+    ConfigurationError,
+    EventTimeout,
+    SerializationError,
+    StepFailed,
+    StepMismatch,
+)
 from pikku_celery.integration.step_info import StepInfo, idempotency_key, inline_step
 from pikku_celery.integration.task import WorkflowTask
 from pikku_celery.store import (
@@ -100,6 +106,24 @@ class RunState(MutableMapping[str, Any]):
 
 def _is_task(fn: Any) -> bool:
     return hasattr(fn, "apply_async") and hasattr(fn, "name")
+
+
+def _is_placeholder(value: Any) -> bool:
+    """What the mirror stores for a task's result that is not JSON
+    (``integration.mirror.unserialisable``): a note of what it was, never the value."""
+    return isinstance(value, dict) and value.get("__pikku_unserialisable__") is True
+
+
+def _not_json(run_id: str, key: str, placeholder: dict[str, Any]) -> SerializationError:
+    """The error an inline step's result that is not JSON raises, for a task's: the value
+    itself is gone, so the workflow must never go on with the note in its place."""
+    return SerializationError(
+        f"The result of step {key!r} cannot be stored as JSON (its task returned "
+        f"{placeholder.get('repr')}, of type {placeholder.get('type')}); return JSON types "
+        "(dict, list, str, int, float, bool, None) or convert the value first, then "
+        f"`pikku.rerun({run_id!r}, from_step={key!r})`: the step counts as done, so a "
+        "resume would not run it again."
+    )
 
 
 def _rpc_name(fn: Any) -> str | None:
@@ -337,6 +361,8 @@ class WorkflowContext:
         self._previous_id = step.step_id
         self._check_task(key, step, rpc_name)
         if step.status == "succeeded":
+            if _is_placeholder(step.result):
+                raise _not_json(self.run_id, key, step.result)
             return step.result
         if step.status in ("failed", "cancelled"):
             raise StepFailed(key, step.error)
