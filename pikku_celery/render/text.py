@@ -164,7 +164,8 @@ def format_run(
             ["updated", run.updated_at.strftime("%Y-%m-%d %H:%M:%S UTC")],
             ["input", _short(_json(run.input), 100)],
             ["output", _short(_json(run.output), 100)],
-            ["error", _short(_error(run.error), 100)],
+            # Whole, as the dashboard shows it: a run with no steps has no other place for it.
+            ["error", " ".join(_error(run.error).split())],
         ],
     )
     parts = [header]
@@ -229,9 +230,13 @@ def format_run(
             )
         )
     errors = [a for a in attempts if a.error]
-    if errors:
+    run_traceback = _traceback(run.error)
+    if errors or run_traceback:
         # The table cuts messages short; here each is whole, its traceback indented under it.
         lines = []
+        if run_traceback:
+            lines.append(f"run: {' '.join(_error(run.error).split())}")
+            lines.extend(run_traceback)
         for a in errors:
             lines.append(f"{a.step_name} #{a.attempt}: {' '.join(_error(a.error).split())}")
             lines.extend(_traceback(a.error))
