@@ -1,0 +1,225 @@
+"""The pytest plugin loaded into Celery's integration suite (``-p bench.celery_suite.plugin``).
+
+It changes nothing in the suite's files. What it does, read from the environment that
+``run.py`` sets:
+
+- ``PIKKU_SUITE_MODE`` ``all`` or ``steps``: once each of the suite's two apps exists (the
+  fixtures ``celery_app``, one per test, which publishes, and ``celery_session_app``, the
+  one the embedded worker runs), ``PikkuCelery(app, database_url=..., mirror="all")`` or
+  ``PikkuCelery(app, database_url=...)`` is installed on it, as a user would right after
+  making the app. ``plain``: pikku-celery is not imported at all.
+- In every mode, records what ``run.py`` reads afterwards, under ``PIKKU_SUITE_OUT``:
+  every test phase's outcome (``reports.jsonl``), every execution of a task body as
+  ``task_prerun`` reports it, in the process that runs it (``prerun/<pid>.jsonl``), pikku's
+  warnings (``logs/<pid>.jsonl``) and the times of the session's end (``session.json``).
+- Before the last test's teardown (so the worker is still up), waits
+  ``PIKKU_SUITE_SETTLE`` seconds: the mirror's flushers and the worker's reaper get that
+  long to converge before anything stops.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+from celery import Celery
+from celery.signals import task_prerun
+
+__all__ = ["ENV_DATABASE_URL", "ENV_MODE", "ENV_OUT", "ENV_SETTLE"]
+
+ENV_MODE: Final = "PIKKU_SUITE_MODE"
+ENV_OUT: Final = "PIKKU_SUITE_OUT"
+ENV_DATABASE_URL: Final = "PIKKU_SUITE_DATABASE_URL"
+ENV_SETTLE: Final = "PIKKU_SUITE_SETTLE"
+
+#: The fixtures of celery.contrib.pytest that make the suite's apps.
+APP_FIXTURES: Final = frozenset({"celery_app", "celery_session_app"})
+WORKER_FIXTURE: Final = "celery_session_worker"
+
+
+def _out() -> Path:
+    return Path(os.environ[ENV_OUT])
+
+
+def _mode() -> str:
+    return os.environ.get(ENV_MODE, "plain")
+
+
+class _Recorder:
+    """Lines of JSON appended to one file per process (a pool child forks with the plugin)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._lock = threading.Lock()
+
+    def write(self, record: dict[str, Any]) -> None:
+        path = _out() / self.folder / f"{os.getpid()}.jsonl"
+        line = json.dumps(record, default=repr) + "\n"
+        with self._lock:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as file:
+                file.write(line)
+
+
+_prerun = _Recorder("prerun")
+_logs = _Recorder("logs")
+_reports = _Recorder("reports")
+_session: dict[str, Any] = {
+    "mode": _mode(),
+    "installed": {"celery_app": 0, "celery_session_app": 0},
+}
+
+
+def _on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    request = getattr(task, "request", None)
+    delivery = getattr(request, "delivery_info", None) or {}
+    _prerun.write(
+        {
+            "id": task_id,
+            "name": getattr(task, "name", None),
+            "retries": getattr(request, "retries", None),
+            "redelivered": delivery.get("redelivered") if isinstance(delivery, dict) else None,
+            "pid": os.getpid(),
+            "t": time.time(),
+        }
+    )
+
+
+class _PikkuLogHandler(logging.Handler):
+    """pikku-celery's warnings and errors (a handler that failed, an event set aside)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            _logs.write(
+                {
+                    "t": record.created,
+                    "pid": os.getpid(),
+                    "logger": record.name,
+                    "level": record.levelname,
+                    "message": record.getMessage(),
+                    "action": getattr(record, "action", None),
+                    "exc": None if record.exc_info is None else repr(record.exc_info[1]),
+                }
+            )
+        except Exception:
+            self.handleError(record)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _session["configured_at"] = time.time()
+    task_prerun.connect(_on_prerun, weak=False, dispatch_uid="pikku_suite_prerun")
+    pikku_logger = logging.getLogger("pikku_celery")
+    # The embedded worker sets the root logger to ERROR; the mirror's warnings count too.
+    pikku_logger.setLevel(logging.WARNING)
+    pikku_logger.addHandler(_PikkuLogHandler(logging.WARNING))
+
+
+def _install(app: Celery, fixture: str) -> None:
+    from pikku_celery import PikkuCelery
+
+    url = os.environ[ENV_DATABASE_URL]
+    if _mode() == "all":
+        PikkuCelery(app, database_url=url, mirror="all")
+    else:
+        PikkuCelery(app, database_url=url)
+    _session["installed"][fixture] += 1
+
+
+def _save() -> None:
+    """``session.json`` as it stands: written at each step, so a killed session leaves one."""
+    path = _out() / "session.json"
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(_session, indent=2), encoding="utf-8")
+    partial.replace(path)
+
+
+def _stamp(name: str) -> None:
+    _session.setdefault(name, time.time())
+    _save()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: Any) -> Generator[None]:
+    value: Any = yield
+    name = fixturedef.argname
+    if name in APP_FIXTURES and _mode() in ("all", "steps") and isinstance(value, Celery):
+        _install(value, name)
+    if name == WORKER_FIXTURE:
+        _session["worker_started_at"] = time.time()
+        _save()
+        # Finalizers run last-in first-out: this one runs before the fixture's own
+        # teardown (stopping the worker), pytest_fixture_post_finalizer after it.
+        fixturedef.addfinalizer(lambda: _stamp("worker_teardown_started_at"))
+    return value  # type: ignore[no-any-return]
+
+
+def pytest_fixture_post_finalizer(fixturedef: pytest.FixtureDef[Any], request: Any) -> None:
+    if fixturedef.argname == WORKER_FIXTURE and "worker_teardown_started_at" in _session:
+        _stamp("worker_teardown_ended_at")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    if nextitem is None:
+        settle = float(os.environ.get(ENV_SETTLE) or 0)
+        _session["settle_started_at"] = time.time()
+        time.sleep(settle)
+        _session["settle_ended_at"] = time.time()
+        _save()
+    result: None = yield
+    return result
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    longrepr = report.longrepr
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        message = str(getattr(crash, "message", ""))
+    elif isinstance(longrepr, tuple):  # a skip: (path, line, reason)
+        message = str(longrepr[2])
+    else:
+        message = "" if longrepr is None else str(longrepr)
+    _reports.write(
+        {
+            "nodeid": report.nodeid,
+            "when": report.when,
+            "outcome": report.outcome,
+            "wasxfail": hasattr(report, "wasxfail"),
+            "subtest": hasattr(report, "context"),
+            "start": report.start,
+            "stop": report.stop,
+            "duration": report.duration,
+            "message": message[:2000],
+        }
+    )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _session["collected"] = [item.nodeid for item in session.items]
+    _session["collected_at"] = time.time()
+    _save()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _session["sessionfinish_at"] = time.time()
+    _session["exitstatus"] = int(exitstatus)
+    _save()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _session["unconfigure_at"] = time.time()
+    _session["pikku_celery_imported"] = "pikku_celery" in sys.modules
+    _session["threads_alive"] = sorted(
+        f"{thread.name}{' (daemon)' if thread.daemon else ''}"
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread()
+    )
+    _save()

@@ -1,0 +1,247 @@
+"""One mode: a fresh database and journal, the suite in a pytest process, its records read."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from bench.celery_suite import plugin
+from bench.celery_suite.sources import SUITE_FILES, Sources
+
+__all__ = ["MODES", "ModeRun", "Settings", "run_mode"]
+
+MODES: Final = ("plain", "all", "steps")
+ROOT: Final = Path(__file__).resolve().parent.parent.parent
+#: The line the embedded worker's teardown raises when its thread outlives shutdown_timeout.
+WORKER_STUCK: Final = "Worker thread failed to exit within the allocated timeout"
+# The suite's process: the helper packages after the virtualenv's, then pytest's own main.
+_LAUNCH: Final = (
+    "import sys; sys.path.append(sys.argv.pop(1)); import pytest; raise SystemExit(pytest.main())"
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    out: Path  # this invocation's folder
+    redis_url: str
+    database: str  # "sqlite" or "postgresql"
+    pg_url: str
+    timeout: float  # the whole pytest session, per mode
+    test_timeout: float  # pytest-timeout, per test
+    settle: float
+    tests: tuple[str, ...] = SUITE_FILES
+    pytest_args: tuple[str, ...] = ()
+
+
+@dataclass
+class ModeRun:
+    mode: str
+    folder: Path
+    database_url: str | None
+    journal_dir: Path | None
+    returncode: int | None
+    timed_out: bool
+    started: float
+    ended: float
+    session: dict[str, Any]
+    reports: list[dict[str, Any]]
+    preruns: list[dict[str, Any]]
+    pikku_logs: list[dict[str, Any]]
+    summary_line: str
+    worker_stuck_lines: int
+    leftover_processes: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+
+def _clean_env(settings: dict[str, str]) -> dict[str, str]:
+    # Nothing from the caller's shell may change what a mode runs: no PIKKU_* (a
+    # PIKKU_MIRROR=all would turn "steps" into "all"), no TEST_* of Celery's conftest.
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("PIKKU_", "TEST_", "CELERY_", "WORKER_LOGLEVEL"))
+    }
+    env.update(settings)
+    return env
+
+
+def _flush_redis(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+def _fresh_database(settings: Settings, mode: str, folder: Path) -> str:
+    if settings.database == "sqlite":
+        return f"sqlite:///{folder / 'pikku.db'}"
+    import psycopg
+
+    name = f"pikku_celery_suite_{mode}"
+    with psycopg.connect(settings.pg_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base, _, _ = settings.pg_url.rpartition("/")
+    return f"{base}/{name}"
+
+
+def _upgrade(url: str) -> None:
+    command = [sys.executable, "-m", "pikku_celery", "--database-url", url, "db", "upgrade"]
+    subprocess.run(command, check=True, cwd=ROOT, env=_clean_env({}), capture_output=True)
+
+
+def _jsonl(folder: Path) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    if folder.is_dir():
+        for path in sorted(folder.glob("*.jsonl")):
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    records.append(json.loads(line))
+    return records
+
+
+def _summary_line(log: str) -> str:
+    for line in reversed(log.splitlines()):
+        text = line.strip().strip("=").strip()
+        if " in " in text and any(w in text for w in ("passed", "failed", "error", "skipped")):
+            return text
+    return ""
+
+
+def _process_group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _count_group(pgid: int) -> int:
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # after the state and the ppid: the process group
+            count += 1
+    return count
+
+
+def run_mode(mode: str, sources: Sources, settings: Settings) -> ModeRun:
+    folder = settings.out / mode
+    folder.mkdir(parents=True, exist_ok=False)
+    records = folder / "records"
+    records.mkdir()
+    _flush_redis(settings.redis_url)
+    env_settings = {
+        "TEST_BROKER": settings.redis_url,
+        "TEST_BACKEND": settings.redis_url,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+        plugin.ENV_MODE: mode,
+        plugin.ENV_OUT: str(records),
+        plugin.ENV_SETTLE: str(settings.settle),
+    }
+    database_url: str | None = None
+    journal_dir: Path | None = None
+    if mode != "plain":
+        database_url = _fresh_database(settings, mode, folder)
+        _upgrade(database_url)
+        journal_dir = folder / "journal"
+        journal_dir.mkdir()
+        env_settings[plugin.ENV_DATABASE_URL] = database_url
+        env_settings["PIKKU_JOURNAL_DIR"] = str(journal_dir)
+    command = [
+        sys.executable,
+        "-c",
+        _LAUNCH,
+        str(sources.site),
+        *settings.tests,
+        "-p",
+        "bench.celery_suite.plugin",
+        "-p",
+        "no:pikku_celery",
+        "-p",
+        "no:cacheprovider",
+        "--timeout",
+        str(settings.test_timeout),
+        "-q",
+        "-rfEs",
+        *settings.pytest_args,
+    ]
+    log_path = folder / "pytest.log"
+    print(f"[{mode}] running the suite; output in {log_path}", flush=True)
+    started = time.time()
+    timed_out = False
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=sources.root,
+            env=_clean_env(env_settings),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            process.wait(timeout=settings.timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    ended = time.time()
+    notes: list[str] = []
+    # Pool children or other processes the session left behind in its process group.
+    leftover = 0
+    if _process_group_alive(process.pid):
+        time.sleep(2)
+        leftover = _count_group(process.pid)
+        if leftover:
+            notes.append(f"{leftover} processes of the session's group outlived it; killed")
+            os.killpg(process.pid, signal.SIGKILL)
+    log_text = log_path.read_text(encoding="utf-8", errors="replace")
+    session_path = records / "session.json"
+    session: dict[str, Any] = (
+        json.loads(session_path.read_text(encoding="utf-8")) if session_path.exists() else {}
+    )
+    return ModeRun(
+        mode=mode,
+        folder=folder,
+        database_url=database_url,
+        journal_dir=journal_dir,
+        returncode=process.returncode,
+        timed_out=timed_out,
+        started=started,
+        ended=ended,
+        session=session,
+        reports=_jsonl(records / "reports"),
+        preruns=_jsonl(records / "prerun"),
+        pikku_logs=_jsonl(records / "logs"),
+        summary_line=_summary_line(log_text),
+        worker_stuck_lines=log_text.count(WORKER_STUCK),
+        leftover_processes=leftover,
+        notes=notes,
+    )
