@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the web dashboard, its JSON API and /metrics",
         epilog="A password [env: PIKKU_DASHBOARD_PASSWORD] puts every page and /api/ "
         "document behind HTTP Basic sign-in (any user name) and turns on run actions; "
-        "/healthz and /metrics stay open. Without one the dashboard is read-only and "
+        "/healthz, /readyz and /metrics stay open. Without one the dashboard is read-only and "
         "anyone who reaches it can read every run.",
     )
     dashboard.add_argument(

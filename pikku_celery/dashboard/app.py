@@ -104,7 +104,8 @@ def create_app(
 
     ``auth_token`` is the password (HTTP Basic, any user name). With it,
     every page, every ``/api/`` document and every action needs it; only
-    ``/healthz`` and ``/metrics`` (counts, no run data) stay open. Without it
+    ``/healthz`` (liveness), ``/readyz`` (readiness: 503 while the schema is missing
+    or behind) and ``/metrics`` (counts, no run data) stay open. Without it
     the dashboard is read-only and anyone who reaches it can read every run.
 
     ``actions`` adds resume, rerun and cancel buttons and the "Send event" form

@@ -1,6 +1,7 @@
-"""The pages, the JSON API under ``/api/``, ``/metrics`` and ``/healthz``: reads, through the store.
+"""The pages, the JSON API under ``/api/``, ``/metrics``, ``/healthz`` and ``/readyz``: reads,
+through the store.
 
-With a password, everything but ``/metrics`` (counts only) and ``/healthz``
+With a password, everything but ``/metrics`` (counts only), ``/healthz`` and ``/readyz``
 needs it, reads included: pages and API documents show runs' input and output.
 """
 
@@ -60,6 +61,7 @@ class Views:
         return [
             # Open to monitoring without the password: neither shows a run id or run data.
             Route("/healthz", self.healthz, name="healthz"),
+            Route("/readyz", self.readyz, name="readyz"),
             Route("/metrics", self.metrics, name="metrics"),
             # Everything else, any path a later change adds included, is behind it.
             Mount(
@@ -233,14 +235,40 @@ class Views:
             collect_metrics(self.d.store, stale_after=self.d.stale_after), media_type=CONTENT_TYPE
         )
 
+    def _unreadable(self, exc: StoreError, action: str) -> Response:
+        logger.warning("dashboard check failed: %s", exc, extra={"action": action})
+        # The reason goes to the log, not to whoever asks without a password.
+        return PlainTextResponse(
+            "unavailable: the database cannot be read; the dashboard's log says why\n",
+            status_code=503,
+        )
+
     def healthz(self, request: Request) -> Response:
-        """200 while the dashboard can read its database; for container and load-balancer checks."""
+        """Liveness: 200 while the dashboard can read its database, whatever its schema.
+
+        A process that answers here needs no restart; whether it can serve pages is
+        ``/readyz``'s question.
+        """
         try:
             self.d.store.schema_revision()
         except StoreError as exc:
-            logger.warning(
-                "dashboard health check failed: %s", exc, extra={"action": "dashboard_unhealthy"}
-            )
-            # The reason goes to the log, not to whoever asks without a password.
-            return PlainTextResponse("unavailable: the database cannot be read\n", status_code=503)
+            return self._unreadable(exc, "dashboard_unhealthy")
         return PlainTextResponse("ok\n")
+
+    def readyz(self, request: Request) -> Response:
+        """Readiness: 200 once the pages can be served, the database's schema being this
+        version's; 503 while it is missing or behind (every page would be a 503 too)."""
+        store = self.d.store
+        try:
+            current = store.schema_revision()
+        except StoreError as exc:
+            return self._unreadable(exc, "dashboard_not_ready")
+        head = store.latest_schema_revision()
+        if current != head:
+            # Revisions name no run and no server: safe for whoever asks.
+            return PlainTextResponse(
+                f"not ready: the database schema is at {current or 'none'} and this "
+                f"pikku-celery needs {head}; run `pikku-celery db upgrade`\n",
+                status_code=503,
+            )
+        return PlainTextResponse("ready\n")
