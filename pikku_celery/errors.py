@@ -352,12 +352,25 @@ class NotAWorkflowRun(WorkflowError):
 class RunFailed(WorkflowError):
     """The run failed; its error says which step and why."""
 
-    def __init__(self, run_id: str, error: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self, run_id: str, error: Mapping[str, Any] | None, kind: str = "workflow"
+    ) -> None:
         self.run_id = run_id
         self.error = dict(error or {})
+        #: What ran: "workflow" (a durable workflow), "canvas" (pikku.run) or "task".
+        self.kind = kind
+        if kind == "workflow":
+            what_now = f"fix the cause and `pikku.resume({run_id!r})` it"
+        else:
+            # Only a durable workflow can go on where it failed; anything else is sent anew.
+            again = "pikku.run(signature, name=...)" if kind == "canvas" else "task.delay(...)"
+            what_now = (
+                f"fix the cause and publish the {kind} again (`{again}`, a new run): a "
+                f"{kind} cannot be resumed; write it as a @pikku.workflow to make it resumable"
+            )
         super().__init__(
             f"Run {run_id!r} failed: {self.error.get('message') or 'no message'}; see "
-            "`pikku-celery runs show` for each attempt, fix the cause and `pikku.resume()` it."
+            f"`pikku-celery runs show {run_id}` for each attempt, {what_now}."
         )
 
 

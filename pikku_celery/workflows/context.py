@@ -32,6 +32,7 @@ from pikku_celery.store import (
 )
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.faults import crash_point
+from pikku_celery.workflows.inputs import passed_in
 from pikku_celery.workflows.reopen import reopen
 from pikku_celery.workflows.versions import VersionWatch
 
@@ -411,16 +412,18 @@ class WorkflowContext:
             self._beyond(f"asks for a new step {key!r}")
             step_id = str(uuid.uuid4())
             self._previous_id = step_id
-            if self._store.claim_step(
-                self.run_id,
-                step_id,
-                key,
-                task.name,
-                {"args": list(args), "kwargs": kwargs},
-                from_step_name=previous,
-                retries=task.max_retries,
-                retry_delay=task.default_retry_delay,
-            ):
+            with passed_in(f"input of step {key!r}"):
+                claimed = self._store.claim_step(
+                    self.run_id,
+                    step_id,
+                    key,
+                    task.name,
+                    {"args": list(args), "kwargs": kwargs},
+                    from_step_name=previous,
+                    retries=task.max_retries,
+                    retry_delay=task.default_retry_delay,
+                )
+            if claimed:
                 # Claimed and not yet sent: a replay that dies here leaves the step
                 # for the reaper, which sends it once its dispatch is overdue.
                 crash_point("after_claim", key)
@@ -511,17 +514,19 @@ class WorkflowContext:
             step_id = str(uuid.uuid4())
             self._previous_id = step_id
             self._store.upsert_workflow_version(child.name, child.version, child.graph, "python")
-            if self._store.start_child(
-                self.run_id,
-                step_id,
-                key,
-                rpc_name,
-                {"args": list(args), "kwargs": kwargs},
-                child_run_id=child_run_id,
-                child_workflow=child.name,
-                graph_hash=child.version,
-                from_step_name=previous,
-            ):
+            with passed_in(f"input of step {key!r}"):
+                started = self._store.start_child(
+                    self.run_id,
+                    step_id,
+                    key,
+                    rpc_name,
+                    {"args": list(args), "kwargs": kwargs},
+                    child_run_id=child_run_id,
+                    child_workflow=child.name,
+                    graph_hash=child.version,
+                    from_step_name=previous,
+                )
+            if started:
                 self._dispatcher.orchestrate(child_run_id)
             return _IN_FLIGHT
         ended = self._ended(key, step, rpc_name)

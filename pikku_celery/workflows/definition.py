@@ -113,9 +113,13 @@ class Workflow:
         a start with an id that a run of this workflow has already returns
         that run and starts nothing, even when several processes race. Both
         names are taken by ``start``, so they never reach the workflow.
+
+        The arguments are held against the function's signature here, so a call
+        the workflow could not take raises ``TypeError`` now, not at its replay.
         """
         if self.starter is None:
             raise RuntimeError("This workflow is not registered; use @pikku.workflow(...).")
+        self._check_call(args, kwargs)
         if run_id is not None and idempotency_key is not None:
             raise ConfigurationError("Pass run_id or idempotency_key to start(), not both.")
         if idempotency_key is not None:
@@ -123,6 +127,24 @@ class Workflow:
         if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
             raise ConfigurationError(f"A run id is a non-empty str, not {run_id!r}.")
         return self.starter(self, args, kwargs, run_id)
+
+    def _check_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):  # no signature to hold the call against
+            return
+        try:
+            signature.bind(None, *args, **kwargs)  # None stands for ctx
+        except TypeError as exc:
+            taken = [
+                str(parameter.replace(annotation=inspect.Parameter.empty))
+                for parameter in list(signature.parameters.values())[1:]
+            ]
+            raise TypeError(
+                f"Workflow {self.name!r} cannot start with these arguments: {exc}. Pass "
+                f"what it takes after ctx ({', '.join(taken) or 'nothing'}); run_id= and "
+                "idempotency_key= are start()'s own."
+            ) from None
 
     def run_id_for(self, idempotency_key: str) -> str:
         """The run id a start with this ``idempotency_key`` gets (the same in every process)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -20,6 +21,7 @@ from pikku_celery.errors import (
     NotAWorkflowRun,
     RunCancelled,
     RunFailed,
+    RunNotFound,
     StepNotFound,
     WaitTimeout,
 )
@@ -29,6 +31,7 @@ from pikku_celery.integration.task import as_task_function
 from pikku_celery.store import WorkflowRun, WorkflowStore, child_error
 from pikku_celery.workflows.context import Dispatcher
 from pikku_celery.workflows.definition import Workflow, code_version
+from pikku_celery.workflows.inputs import passed_in
 from pikku_celery.workflows.reopen import reopen
 from pikku_celery.workflows.replay import Outcome, parent_of, replay
 
@@ -43,6 +46,25 @@ _UNFINISHED: Final = ("pending", "scheduled", "running")
 
 def _is_workflow_run(run: WorkflowRun) -> bool:
     return isinstance(run.wire, dict) and run.wire.get("type") == "workflow"
+
+
+def _kind(run: WorkflowRun) -> str:
+    """What made the run: "workflow", "canvas" or "task" (a lone task's own run)."""
+    kind = run.wire.get("type") if isinstance(run.wire, dict) else None
+    return kind if kind in ("workflow", "canvas") else "task"
+
+
+def _gone(message: str, run_id: str) -> None:
+    # A message outlives its run when the run is deleted or pruned while the message
+    # waits (a wait's deadline, a sleep's wake-up, a replay in the queue): nothing is
+    # left to do, and nothing is wrong with the worker, so one line, no traceback.
+    logger.warning(
+        "pikku-celery dropped a %s message for workflow run %s, which no longer exists "
+        "(deleted or pruned); nothing to do.",
+        message,
+        run_id,
+        extra={"action": "message_for_missing_run", "run_id": run_id},
+    )
 
 
 class CeleryDispatcher:
@@ -140,25 +162,52 @@ class WorkflowEngine:
         store = self.store
         store.upsert_workflow_version(workflow.name, workflow.version, workflow.graph, "python")
         call = {"args": list(args), "kwargs": kwargs}
-        if run_id is None:
-            run_id = store.create_run(
-                workflow.name, call, graph_hash=workflow.version, wire={"type": "workflow"}
-            )
-        elif not store.start_run(
-            workflow.name,
-            call,
-            run_id=run_id,
-            graph_hash=workflow.version,
-            wire={"type": "workflow"},
-        ):
-            return run_id  # started before (a retried request): that run is the answer
+        with passed_in(f"input of workflow {workflow.name!r}"):
+            if run_id is None:
+                run_id = store.create_run(
+                    workflow.name, call, graph_hash=workflow.version, wire={"type": "workflow"}
+                )
+                started = True
+            else:
+                started = store.start_run(
+                    workflow.name,
+                    call,
+                    run_id=run_id,
+                    graph_hash=workflow.version,
+                    wire={"type": "workflow"},
+                )
+        if not started:  # started before (a retried request): that run is the answer
+            self._started_before(workflow, run_id, call)
+            return run_id
         self.dispatcher.orchestrate(run_id)
         return run_id
+
+    def _started_before(self, workflow: Workflow, run_id: str, call: dict[str, Any]) -> None:
+        """A start under the id of a run that exists: said when its arguments differ, since
+        only the first start's are the run's (a retried request passes the same)."""
+        recorded = self.store.get_run(run_id).input
+        # As the store keeps them: tuples are lists once in JSON.
+        if recorded == json.loads(json.dumps(call)):
+            return
+        logger.warning(
+            "workflow %s: run %s was started before with other arguments (%s, now %s); "
+            "this start returned that run and its arguments were not used. Give a start "
+            "with new arguments a run_id (or idempotency_key) of its own.",
+            workflow.name,
+            run_id,
+            json.dumps(recorded),
+            json.dumps(call),
+            extra={"action": "start_arguments_differ", "run_id": run_id},
+        )
 
     # --- the Celery tasks -------------------------------------------------------
 
     def _orchestrate(self, run_id: str) -> str:
-        run = self.store.get_run(run_id)
+        try:
+            run = self.store.get_run(run_id)
+        except RunNotFound:
+            _gone("replay", run_id)
+            return "gone"
         if not _is_workflow_run(run):
             return "settled"  # a canvas or lone task: nothing here replays it
         workflow = self.workflows.get(run.workflow)
@@ -172,7 +221,11 @@ class WorkflowEngine:
 
     def _wake(self, run_id: str, step_id: str, attempt: int) -> None:
         # A durable sleep's wake-up (a wait's timeout is a plain replay at its deadline).
-        self.store.record_attempt(step_id, attempt, "succeeded")
+        try:
+            self.store.record_attempt(step_id, attempt, "succeeded")
+        except StepNotFound:  # the run went with its steps
+            _gone("wake-up", run_id)
+            return
         self.dispatcher.orchestrate(run_id)
 
     def replay_soon(self, run_id: str) -> None:
@@ -224,7 +277,7 @@ class WorkflowEngine:
             if run.status == "completed":
                 return run.output
             if run.status == "failed":
-                raise RunFailed(run_id, run.error)
+                raise RunFailed(run_id, run.error, _kind(run))
             if run.status == "cancelled":
                 raise RunCancelled(run_id)
             remaining = deadline - time.monotonic()
@@ -308,6 +361,7 @@ class WorkflowEngine:
         once the event is committed.
         """
         run = self._workflow_run(run_id)
-        event_id = self.store.send_event(run.run_id, name, data)
+        with passed_in(f"data of event {name!r}"):
+            event_id = self.store.send_event(run.run_id, name, data)
         self.dispatcher.orchestrate(run_id)
         return event_id
