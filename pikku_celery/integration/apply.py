@@ -146,6 +146,7 @@ class _Planner:
                 run_workflow=None if run is None else run[0],
                 run_input_json=None if run is None else run[1],
                 run_wire_json=None if run is None else run[2],
+                routing_json=event.routing_json,
             )
         )
 
@@ -165,6 +166,7 @@ class _Planner:
                 run_workflow=adoption.rpc_name if lone else None,
                 run_input_json=data if lone else None,
                 run_wire_json=_LONE_TASK_WIRE if lone else None,
+                routing_json=adoption.routing_json,
             )
         )
 

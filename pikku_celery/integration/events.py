@@ -71,7 +71,7 @@ class StepPublished(MirrorEvent):
 
     ``parent_step_id``: the step it follows (a chain's previous link, the step
     that published it), by id; ``new_run``: (workflow, input JSON, wire JSON)
-    of the run a lone task makes.
+    of the run a lone task makes; ``routing_json``: where the message went.
     """
 
     kind: ClassVar[str] = "published"
@@ -84,6 +84,7 @@ class StepPublished(MirrorEvent):
     retry_delay: str | None = None
     eta: float | None = None
     new_run: tuple[str, str, str | None] | None = None
+    routing_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,7 @@ class Adoption:
     data_json: str | None = None
     retries: int | None = None
     retry_delay: str | None = None
+    routing_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import logging
 import os
 import threading
@@ -90,6 +91,7 @@ class PublishedStep:
     retry_delay: float | None = None
     eta: dt.datetime | None = None
     new_run: NewRun | None = None
+    routing: Mapping[str, Any] | None = None
 
 
 class CeleryMirror:
@@ -297,6 +299,7 @@ class CeleryMirror:
                     data_json if run.input is step.data else self._json(run.input, "run input"),
                     None if run.wire is None else self._json(run.wire, "wire"),
                 ),
+                routing_json=_routing_json(step.routing),
             )
         )
 
@@ -338,6 +341,7 @@ class CeleryMirror:
         data: Any = None,
         retries: int | None = None,
         retry_delay: float | None = None,
+        routing: Mapping[str, Any] | None = None,
     ) -> Adoption:
         """What a worker knows of a step; its input is kept only when no publisher has it."""
         return Adoption(
@@ -348,6 +352,7 @@ class CeleryMirror:
             data_json=None if published else self._json(data, f"input of step {step_name!r}"),
             retries=retries,
             retry_delay=_delay_text(retry_delay),
+            routing_json=_routing_json(routing),
         )
 
     def retried(
@@ -425,6 +430,14 @@ class CeleryMirror:
                 orchestrated=orchestrated,
             )
         )
+
+
+def _routing_json(routing: Mapping[str, Any] | None) -> str | None:
+    """Where a message went, kept only as far as it can be sent there again."""
+    if not routing:
+        return None
+    kept = {k: str(routing[k]) for k in ("exchange", "routing_key") if routing.get(k) is not None}
+    return json.dumps(kept, separators=(",", ":")) if kept else None
 
 
 def _delay_text(seconds: float | None) -> str | None:

@@ -50,6 +50,7 @@ from pikku_celery.integration import control
 from pikku_celery.integration import headers as h
 from pikku_celery.store import (
     LOST_ERROR_TYPE,
+    SLEEP_RPC,
     OpenAttempt,
     StaleStep,
     UnsentClaim,
@@ -200,13 +201,21 @@ class Reaper:
             return self._redelivery_grace
         return (self.visibility_timeout or 3600.0) + 300.0
 
+    def _ours(self, rpc_name: str | None) -> bool:
+        """A step of a task this app has: several apps may share one database, and only
+        the task's own app knows its settings and where its messages go."""
+        return bool(rpc_name) and rpc_name in self.app.tasks
+
     def reap(self) -> ReapReport:
         report = ReapReport()
-        attempts = self.store.open_attempts(idle_for=self.idle_for)
+        attempts = [
+            a for a in self.store.open_attempts(idle_for=self.idle_for) if self._ours(a.rpc_name)
+        ]
         claims = [
             c
             for c in self.store.unsent_claims(older_than=self.claim_grace)
-            if c.run_kind == "workflow"
+            # A durable sleep's wake-up is sent by its workflow's replay.
+            if c.run_kind == "workflow" and (self._ours(c.rpc_name) or c.rpc_name == SLEEP_RPC)
         ]
         report.checked = len(attempts)
         if attempts or claims:
@@ -232,10 +241,8 @@ class Reaper:
         return report
 
     def _task_option(self, attempt: OpenAttempt, option: str) -> bool:
-        task = self.app.tasks.get(attempt.rpc_name or "")
-        if task is not None:
-            return bool(getattr(task, option))
-        return bool(self.app.conf.get(f"task_{option}"))
+        # Only steps of this app's own tasks are judged (see reap()).
+        return bool(getattr(self.app.tasks[attempt.rpc_name or ""], option))
 
     def _how_gone(self, attempt: OpenAttempt, view: control.ClusterView) -> _Gone:
         over_deadline = (
@@ -405,6 +412,7 @@ class Reaper:
                 claim.rpc_name,
                 claim.data,
                 claim.attempt,
+                routing=claim.routing,
             )
         elif self.replay is not None:
             self.replay(claim.run_id)  # a durable sleep: the replay sends its wake-up
@@ -461,6 +469,7 @@ class Reaper:
             attempt.data,
             attempt_no,
             workflow=attempt.run_kind == "workflow",
+            routing=attempt.routing,
         )
 
     def _send(
@@ -473,12 +482,21 @@ class Reaper:
         attempt_no: int,
         *,
         workflow: bool = True,
+        routing: Mapping[str, Any] | None = None,
     ) -> None:
         call: Mapping[str, Any] = data if isinstance(data, Mapping) else {}
         headers: dict[str, Any] = {h.RUN_ID: run_id, h.STEP_NAME: step_name}
         if workflow:
             headers[h.ORCHESTRATED] = True
             headers[h.DISPATCH] = [step_id, attempt_no]
+        # Where the first message went, not where this app would route the name today
+        # (a queue given to apply_async, another app's default queue).
+        where: dict[str, Any] = {}
+        if routing and routing.get("routing_key") is not None:
+            exchange, key = routing.get("exchange") or "", str(routing["routing_key"])
+            # The default exchange routes by queue name; Celery's router would otherwise
+            # put its default queue in.
+            where = {"queue": key} if not exchange else {"exchange": exchange, "routing_key": key}
         # Same task id, and `retries` so the worker's request.retries + 1 is the
         # attempt the store expects.
         self.app.send_task(
@@ -488,6 +506,7 @@ class Reaper:
             task_id=step_id,
             retries=attempt_no - 1,
             headers=headers,
+            **where,
         )
 
 

@@ -210,6 +210,19 @@ def _eta(value: Any) -> dt.datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
 
 
+def _routing(exchange: Any, routing_key: Any) -> dict[str, Any]:
+    """Where a message goes: an exchange (kombu's object or its name) and a routing key."""
+    name = getattr(exchange, "name", exchange)
+    return {"exchange": name or "", "routing_key": routing_key}
+
+
+def _delivered_to(request: Any) -> dict[str, Any] | None:
+    info = getattr(request, "delivery_info", None) or {}
+    if info.get("routing_key") is None:
+        return None
+    return _routing(info.get("exchange"), info.get("routing_key"))
+
+
 def _call_data(args: Any, kwargs: Any) -> dict[str, Any]:
     return {"args": list(args or ()), "kwargs": dict(kwargs or {})}
 
@@ -224,6 +237,8 @@ def before_task_publish(
     headers: dict[str, Any] | None = None,
     properties: dict[str, Any] | None = None,
     body: Any = None,
+    exchange: Any = None,
+    routing_key: Any = None,
     **_: Any,
 ) -> None:
     if headers is None or sender is None:
@@ -266,6 +281,7 @@ def before_task_publish(
             retry_delay=task.default_retry_delay,
             eta=_eta(headers.get("eta")),
             new_run=new_run,
+            routing=_routing(exchange, routing_key),
         )
     )
     headers[h.RUN_ID] = run_id
@@ -307,6 +323,7 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
             data=None if header_run is not None else _call_data(args, kwargs),
             retries=task.max_retries,
             retry_delay=task.default_retry_delay,
+            routing=_delivered_to(request),
         )
     mirror.started(
         step_id, _attempt(task), worker=request.hostname, pid=os.getpid(), adoption=adoption

@@ -289,6 +289,9 @@ workflow_step = sa.Table(
     sa.Column("retry_delay", sa.Text),
     sa.Column("from_step_name", sa.Text),
     sa.Column("current_attempt", sa.Integer),
+    # Added by revision 0008: where the step's message was first sent (``exchange``,
+    # ``routing_key``), so a message sent again goes where the first one went.
+    sa.Column("routing", JsonText),
     sa.Column("created_at", UtcDateTime, nullable=False, server_default=_now),
     sa.Column("updated_at", UtcDateTime, nullable=False, server_default=_now),
     sa.UniqueConstraint("workflow_run_id", "step_name", name="workflow_step_run_name_unique"),

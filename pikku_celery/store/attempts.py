@@ -73,6 +73,7 @@ class AttemptWrites(StoreBase):
             "history_id": new_id(),
             "eta": eta,
             "task_id": task_id,
+            "routing": None,
         }
         run_row = None
         if new_run is not None:

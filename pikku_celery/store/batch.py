@@ -40,6 +40,8 @@ class NewStep:
     run_workflow: str | None = None
     run_input_json: str | None = None
     run_wire_json: str | None = None
+    #: ``{"exchange": ..., "routing_key": ...}`` of the step's first message, as JSON.
+    routing_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -168,6 +168,7 @@ class BatchWrites(StoreBase):
                 "run_workflow": s.run_workflow,
                 "run_input": s.run_input_json,
                 "run_wire": s.run_wire_json,
+                "routing": s.routing_json,
             }
             for s in placed
         ]

@@ -285,6 +285,7 @@ def _step_to_send(row: Mapping[Any, Any]) -> dict[str, Any]:
         "rpc_name": row["rpc_name"],
         "data": row["data"],
         "attempt": row["attempt"],
+        "routing": row["routing"] if isinstance(row["routing"], dict) else None,
     }
 
 
@@ -308,6 +309,8 @@ class OpenAttempt:
     running_at: dt.datetime | None
     error: Mapping[str, Any] | None
     updated_at: dt.datetime | None = None
+    #: Where the step's first message went: ``exchange`` and ``routing_key``.
+    routing: Mapping[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> OpenAttempt:
@@ -337,6 +340,7 @@ class UnsentClaim:
     data: Any
     attempt: int
     scheduled_at: dt.datetime | None
+    routing: Mapping[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> UnsentClaim:

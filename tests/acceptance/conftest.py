@@ -155,11 +155,13 @@ def start_worker(
     extra_args: tuple[str, ...] = (),
     nodename: str | None = None,
     wait_ready: bool = True,
+    queues: str = QUEUE,
 ) -> Iterator[Worker]:
     """``broker_url``: a broker of the test's own (e.g. one it restarts) instead of ``broker``'s;
     ``extra_args``: more ``celery worker`` options (``-E`` for task events, say);
     ``nodename``: the worker's name (a restarted worker keeps its name); ``wait_ready``:
-    False to yield as soon as the process runs (to start several at once)."""
+    False to yield as soon as the process runs (to start several at once); ``queues``: what
+    it consumes (comma-separated)."""
     url = broker_url or BROKERS[broker][0]
     host, port = address(url)
     if not port_open(port, host):
@@ -190,7 +192,7 @@ def start_worker(
             "--pool=prefork",
             f"--concurrency={concurrency}",
             "-Q",
-            QUEUE,
+            queues,
             "-n",
             name,
             "--without-gossip",

@@ -69,12 +69,11 @@ def test_events_wait_for_db_upgrade_and_are_written_after_it(
         assert upgrade.returncode == 0, upgrade.stderr
         store = WorkflowStore(empty)
         try:
-            for task_id in ids:
-                wait_until(
-                    lambda task_id=task_id: store.get_run(task_id).status == "completed",
-                    timeout=20,
-                    what=f"run {task_id} written after the upgrade",
-                )
+
+            def all_completed() -> bool:
+                return all(store.get_run(task_id).status == "completed" for task_id in ids)
+
+            wait_until(all_completed, timeout=20, what="the runs written after the upgrade")
             outputs = sorted(store.get_run(task_id).output for task_id in ids)
             assert outputs == [0, 2, 4, 6, 8]
         finally:

@@ -47,7 +47,7 @@ TIME_COLUMNS: Final = {
 }
 JSON_COLUMNS: Final = {
     "workflow_runs": {"input", "output", "error", "state", "planned_steps", "wire"},
-    "workflow_step": {"data", "result", "error"},
+    "workflow_step": {"data", "result", "error", "routing"},
     "workflow_step_history": {"result", "error"},
     "workflow_versions": {"graph"},
 }

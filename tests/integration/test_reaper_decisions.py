@@ -39,6 +39,12 @@ def app() -> Iterator[Celery]:
     app = Celery("reaped", broker=BROKER, set_as_current=False)
     app.conf.task_acks_late = True
     app.conf.task_default_queue = f"reaped-{uuid.uuid4().hex[:8]}"
+
+    # A reaper acts only on steps of its own app's tasks.
+    @app.task(name="reaped.charge", shared=False)
+    def charge(amount: int) -> int:
+        return amount
+
     yield app
     redis.Redis.from_url(BROKER).delete(app.conf.task_default_queue)
 
@@ -113,6 +119,11 @@ def test_on_rabbitmq_the_broker_redelivers_and_the_reaper_sends_nothing(
         service_missing("RabbitMQ", ConnectionRefusedError(f"{host}:{port}"))
     app = Celery("reaped-amqp", broker=AMQP_URL, set_as_current=False)
     app.conf.task_acks_late = True
+
+    @app.task(name="reaped.charge", shared=False)
+    def charge(amount: int) -> int:
+        return amount
+
     run_id, step_id = _running_on_a_dead_worker(store, "workflow")
     report = _reaper(app, store).reap()
     assert report.redispatched == []
@@ -125,10 +136,6 @@ def test_on_rabbitmq_the_broker_redelivers_and_the_reaper_sends_nothing(
 def test_a_claim_whose_message_never_went_out_is_sent_once(
     app: Celery, store: WorkflowStore
 ) -> None:
-    @app.task(name="reaped.charge", shared=False)
-    def charge(order: int) -> int:
-        return order
-
     run_id = store.create_run("checkout", {"args": [], "kwargs": {}}, wire={"type": "workflow"})
     step_id = str(uuid.uuid4())
     assert store.claim_step(run_id, step_id, "charge", "reaped.charge", {"args": [7], "kwargs": {}})

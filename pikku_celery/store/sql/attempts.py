@@ -108,6 +108,7 @@ def schedule_step(dialect: str) -> Insert:
         "retry_delay": typed("retry_delay", sa.Text()),
         "from_step_name": sa.func.coalesce(typed("from_step_name", sa.Text()), _parent_name),
         "current_attempt": sa.literal(1, sa.Integer),
+        "routing": typed("routing", steps.c.routing.type),
         "created_at": typed("now", steps.c.created_at.type),
         "updated_at": typed("now", steps.c.updated_at.type),
     }

@@ -49,6 +49,7 @@ _step_to_send: Final = (
     steps.c.rpc_name,
     steps.c.data,
     history.c.attempt,
+    steps.c.routing,
 )
 
 # The status filter matches the partial index's condition, so the scan stays
