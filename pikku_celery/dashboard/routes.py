@@ -26,10 +26,12 @@ from pikku_celery.errors import InvalidStatus, NotFoundError, RunNotFound, Store
 from pikku_celery.render.documents import (
     attempts_by_step,
     flower_task_url,
+    is_celery_task,
     run_document,
     run_json,
     run_parent,
     step_wait,
+    steps_after,
 )
 from pikku_celery.store import RUN_STATUSES, WorkflowRun, now, run_kind
 
@@ -159,13 +161,24 @@ class Views:
         history = store.get_run_history(run_id)
         events = store.list_events(run_id)
         by_step = attempts_by_step(history)
+        after = steps_after(run, steps, history)
         done = request.query_params.get("done")
         waits = [wait for wait in map(step_wait, steps) if wait is not None and wait.waiting]
         return self.d.render(
             request,
             "run.html",
             run=run,
-            steps=[(step, by_step.get(step.step_id, []), step_wait(step)) for step in steps],
+            steps=[
+                (
+                    step,
+                    by_step.get(step.step_id, []),
+                    step_wait(step),
+                    after[step.step_id],
+                    # A sleep, a wait or a child workflow has no task Flower would know.
+                    is_celery_task(step),
+                )
+                for step in steps
+            ],
             parent=run_parent(run),
             events=events,
             step_names={step.step_id: step.step_name for step in steps},

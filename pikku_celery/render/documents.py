@@ -7,12 +7,22 @@ documents without the dashboard's extra dependencies.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from pikku_celery.store import WAIT_RPC, RunEvent, StepAttempt, StepState, WorkflowRun
+from pikku_celery.store import (
+    CHILD_RPC_PREFIX,
+    SLEEP_RPC,
+    WAIT_RPC,
+    RunEvent,
+    StepAttempt,
+    StepState,
+    WorkflowRun,
+    run_kind,
+)
 
 __all__ = [
     "RunParent",
@@ -21,12 +31,14 @@ __all__ = [
     "attempts_by_step",
     "event_json",
     "flower_task_url",
+    "is_celery_task",
     "parent_json",
     "run_document",
     "run_json",
     "run_parent",
     "step_json",
     "step_wait",
+    "steps_after",
     "wait_json",
 ]
 
@@ -117,6 +129,108 @@ def flower_task_url(flower_url: str | None, task_id: str | None) -> str | None:
     return f"{flower_url}/task/{quote(task_id, safe='')}"
 
 
+def is_celery_task(step: StepState) -> bool:
+    """Whether the step's attempts are Celery tasks of its own, which Flower knows by id.
+
+    A durable sleep, a wait for an event and a child workflow are steps of the engine's:
+    no task of theirs carries the id their attempts record.
+    """
+    rpc_name = step.rpc_name or ""
+    return rpc_name not in (SLEEP_RPC, WAIT_RPC) and not rpc_name.startswith(CHILD_RPC_PREFIX)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _chord_header(body: StepState, steps: Sequence[StepState]) -> list[StepState] | None:
+    """The header tasks of a chord whose body is ``body``, when the rows show them.
+
+    Celery publishes a chord's body from its last header task to end, so the mirror
+    records that one task as what the body follows. The body's first argument is the
+    list of the header's results; the header is the group of steps that follow the same
+    step as that task, all succeeded, whose results are that list.
+    """
+    args = body.data.get("args") if isinstance(body.data, Mapping) else None
+    if not (isinstance(args, list) and args and isinstance(args[0], list) and len(args[0]) > 1):
+        return None
+    recorded = next(
+        (s for s in steps if s.step_name == body.from_step_name and s.step_id != body.step_id),
+        None,
+    )
+    if recorded is None:
+        return None
+    header = [
+        s
+        for s in steps
+        if s.from_step_name == recorded.from_step_name
+        and s.step_id != body.step_id
+        and s.created_at <= body.created_at
+    ]
+    if len(header) != len(args[0]) or any(s.status != "succeeded" for s in header):
+        return None
+    # A group's results come in the order of its tasks; the rows' order is when each
+    # step reached SQL, so the results are compared as a set with their repeats.
+    if sorted(_canonical(s.result) for s in header) != sorted(map(_canonical, args[0])):
+        return None
+    return header
+
+
+def _caught_failure(
+    step: StepState, steps: Sequence[StepState], failed_at: Mapping[str, dt.datetime]
+) -> StepState | None:
+    """The step that failed for good before a durable workflow reached ``step``, if any.
+
+    The engine records as a step's predecessor the last step whose ``ctx.do`` returned,
+    so the step a workflow runs after catching ``StepFailed`` (a compensation) is
+    recorded after the step before the one that failed. A workflow's code runs in order:
+    a step first written after another that follows the same step had failed, comes
+    after that one (the latest such, for a failure caught in a compensation's own).
+    Steps of one ``ctx.do_all`` are written together, before any of them fails.
+    """
+    caught = [
+        s
+        for s in steps
+        if s.step_id != step.step_id
+        and s.from_step_name == step.from_step_name
+        and s.created_at < step.created_at
+        and s.step_id in failed_at
+        and failed_at[s.step_id] <= step.created_at
+    ]
+    return max(caught, key=lambda s: s.created_at) if caught else None
+
+
+def steps_after(
+    run: WorkflowRun, steps: Sequence[StepState], history: Sequence[StepAttempt]
+) -> dict[str, tuple[str, ...]]:
+    """The steps each step comes after, by step id, names in the run's order.
+
+    Mostly the one its row records (``from_step_name``); a chord's body comes after
+    every task of its header, and a durable workflow's step after a failure it caught
+    comes after the step that failed (see ``_chord_header`` and ``_caught_failure``).
+    """
+    workflow = run_kind(run.wire) == "workflow"
+    failed_at: dict[str, dt.datetime] = {}
+    for attempt in history:
+        if attempt.status == "failed" and attempt.failed_at is not None:
+            first = failed_at.get(attempt.step_id)
+            failed_at[attempt.step_id] = min(first or attempt.failed_at, attempt.failed_at)
+    after: dict[str, tuple[str, ...]] = {}
+    for step in steps:
+        if workflow:
+            caught = _caught_failure(step, steps, failed_at)
+            if caught is not None:
+                after[step.step_id] = (caught.step_name,)
+                continue
+        elif step.from_step_name is not None:
+            header = _chord_header(step, steps)
+            if header is not None:
+                after[step.step_id] = tuple(s.step_name for s in header)
+                continue
+        after[step.step_id] = () if step.from_step_name is None else (step.from_step_name,)
+    return after
+
+
 def run_json(run: WorkflowRun) -> dict[str, Any]:
     return {
         "run_id": run.run_id,
@@ -161,8 +275,14 @@ def attempt_json(attempt: StepAttempt, flower_url: str | None) -> dict[str, Any]
 
 
 def step_json(
-    step: StepState, attempts: Iterable[StepAttempt], flower_url: str | None
+    step: StepState,
+    attempts: Iterable[StepAttempt],
+    flower_url: str | None,
+    after: Sequence[str] | None = None,
 ) -> dict[str, Any]:
+    """A step with its attempts; ``after`` is what :func:`steps_after` says it follows
+    (default: what its row records), and only Celery tasks get Flower links."""
+    flower_url = flower_url if is_celery_task(step) else None
     return {
         "step_id": step.step_id,
         "step_name": step.step_name,
@@ -176,6 +296,7 @@ def step_json(
         "retry_delay": step.retry_delay,
         "retry_delay_seconds": step.retry_delay_seconds,
         "from_step_name": step.from_step_name,
+        "after": list(after if after is not None else filter(None, [step.from_step_name])),
         "child_run_id": step.child_run_id,
         "branch_taken": step.branch_taken,
         "wait": wait_json(step_wait(step)),
@@ -202,13 +323,18 @@ def run_document(
     """The run with each of its steps and each step's attempts, as ``/api/runs/{id}`` gives it.
 
     ``parent`` names the run and step that started a child run (None for any
-    other), and ``events`` lists the events sent to the run, oldest first.
+    other), and ``events`` lists the events sent to the run, oldest first. Each step's
+    ``after`` lists the steps it comes after (``from_step_name`` is its row's one).
     """
     by_step = attempts_by_step(history)
     step_names = {step.step_id: step.step_name for step in steps}
+    after = steps_after(run, steps, history)
     return {
         "run": run_json(run),
         "parent": parent_json(run_parent(run)),
-        "steps": [step_json(step, by_step.get(step.step_id, []), flower_url) for step in steps],
+        "steps": [
+            step_json(step, by_step.get(step.step_id, []), flower_url, after[step.step_id])
+            for step in steps
+        ],
         "events": [event_json(event, step_names) for event in events],
     }

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pikku_celery.render.documents import run_parent, step_wait
+from pikku_celery.render.documents import run_parent, step_wait, steps_after
 from pikku_celery.store import RunEvent, StepAttempt, StepState, WorkflowRun
 
 __all__ = ["format_events", "format_history", "format_run", "format_runs", "table"]
@@ -170,6 +170,7 @@ def format_run(
     )
     parts = [header]
     if steps:
+        after = steps_after(run, steps, attempts)
         details = [_step_detail(s) for s in steps]
         # Only durable workflows' steps have details; other runs' tables stay as they were.
         extra = ["detail"] if any(details) else []
@@ -183,7 +184,7 @@ def format_run(
                         s.rpc_name or "",
                         s.status,
                         str(s.attempt_count),
-                        s.from_step_name or "",
+                        ", ".join(after[s.step_id]),
                         *([detail] if extra else []),
                     ]
                     for s, detail in zip(steps, details, strict=True)
