@@ -158,6 +158,20 @@ def _follow_replacement(sender: str, headers: dict[str, Any], body: Any) -> None
         setattr(request, replace.REPLACED_BY, taken_by)
 
 
+# Set on a retrying task's request: the ETA Celery gave its retry's message.
+_RETRY_ETA: Final = "pikku_retry_eta"
+
+
+def _note_retry_eta(headers: dict[str, Any]) -> None:
+    """A task's own retry: the next attempt is due when its message says, not when the
+    retry handler runs a few milliseconds later."""
+    request = getattr(_running_task(), "request", None)
+    if request is not None and getattr(request, "id", None) == headers.get("id"):
+        # No ETA (countdown=0): due as it is published, which is before any worker has it.
+        due = headers.get("eta") or dt.datetime.now(dt.timezone.utc)
+        setattr(request, _RETRY_ETA, due)
+
+
 def _lookup(task_name: str) -> tuple[Any, Mirrored | None]:
     """The task a message is published for, and who mirrors it (None: nobody does).
 
@@ -252,6 +266,8 @@ def before_task_publish(
             if context.parent_step_id:
                 headers.setdefault(h.PARENT_STEP, context.parent_step_id)
         return
+    if headers.get("retries"):
+        _note_retry_eta(headers)
     if headers.get("retries") or headers.get(h.ORCHESTRATED) or replace.takes_over(headers):
         # A retry republishes its step (the retry handler records the attempt);
         # a workflow's replay claimed its step before it published it; a replacement
@@ -342,7 +358,9 @@ def task_retry(
     error = error_document(cause if isinstance(cause, BaseException) else str(cause))
     if einfo is not None and getattr(einfo, "traceback", None):
         error["traceback"] = einfo.traceback
-    when = reason.when if isinstance(reason, Retry) else None
+    when = getattr(request, _RETRY_ETA, None) or (
+        reason.when if isinstance(reason, Retry) else None
+    )
     attempt = replace.attempt_of(request)
     pikku.mirror.retried(str(request.id), attempt, error, _eta(when))
 

@@ -48,6 +48,9 @@ def test_self_retry_twice_then_success_is_three_attempts(shop: ModuleType, worke
     assert [a.reason for a in history] == ["first", "retry", "retry"]
     assert all(a.task_id == result.id for a in history)
     assert history[1].scheduled_at is not None and history[1].eta is not None
+    for retried in history[1:]:  # due when its message was, never after it started
+        assert retried.eta is not None and retried.running_at is not None
+        assert retried.eta <= retried.running_at, (retried.eta, retried.running_at)
     state = worker.store.get_step_state(result.id, "charge")
     assert (state.status, state.attempt_count) == ("succeeded", 3)
 
