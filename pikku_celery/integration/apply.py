@@ -36,6 +36,7 @@ from pikku_celery.integration.events import (
     StepPublished,
 )
 from pikku_celery.store import (
+    NEXT_ATTEMPT_GAP,
     STATUS_RANK,
     Handover,
     MirrorBatch,
@@ -48,6 +49,7 @@ __all__ = ["Pending", "plan"]
 
 _TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled"})
 _LONE_TASK_WIRE: Final = '{"type":"task"}'
+_GAP: Final = NEXT_ATTEMPT_GAP.total_seconds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,9 +193,11 @@ class _Planner:
     def retried(self, event: AttemptRetried) -> None:
         self.ended(event.step_id, event.attempt, "failed", event.at, error_json=event.error_json)
         following = self.attempt(event.step_id, event.attempt + 1)
-        following.move("scheduled", event.at)
+        # Strictly after the failure it follows, as a millisecond-precise reader sees it.
+        next_at = event.at + _GAP
+        following.move("scheduled", next_at)
         if following.scheduled_at is None:
-            following.scheduled_at = event.at
+            following.scheduled_at = next_at
         following.eta = event.eta if event.eta is not None else following.eta
         following.task_id = event.step_id
         following.reason = following.reason or "retry"

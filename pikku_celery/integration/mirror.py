@@ -356,13 +356,19 @@ class CeleryMirror:
         )
 
     def retried(
-        self, step_id: str, attempt: int, error: Mapping[str, Any], eta: dt.datetime | None
+        self,
+        step_id: str,
+        attempt: int,
+        error: Mapping[str, Any],
+        eta: dt.datetime | None,
+        *,
+        at: float | None = None,
     ) -> None:
-        """Attempt K failed and attempt K+1 is scheduled."""
+        """Attempt K failed (at ``at``, default now) and attempt K+1 is scheduled."""
         self._append(
             AttemptRetried(
                 id=new_event_id(),
-                at=time.time(),
+                at=time.time() if at is None else at,
                 step_id=step_id,
                 attempt=attempt,
                 error_json=self._json(dict(error), "error"),

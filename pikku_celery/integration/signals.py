@@ -12,6 +12,7 @@ import contextvars
 import datetime as dt
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,8 +159,14 @@ def _follow_replacement(sender: str, headers: dict[str, Any], body: Any) -> None
         setattr(request, replace.REPLACED_BY, taken_by)
 
 
-# Set on a retrying task's request: the ETA Celery gave its retry's message.
+# Set on a retrying task's request: the ETA Celery gave its retry's message, and when
+# that message went out.
 _RETRY_ETA: Final = "pikku_retry_eta"
+_RETRY_AT: Final = "pikku_retry_at"
+
+
+def _moment(seconds: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
 
 
 def _note_retry_eta(headers: dict[str, Any]) -> None:
@@ -168,8 +175,11 @@ def _note_retry_eta(headers: dict[str, Any]) -> None:
     request = getattr(_running_task(), "request", None)
     if request is not None and getattr(request, "id", None) == headers.get("id"):
         # No ETA (countdown=0): due as it is published, which is before any worker has it.
-        due = headers.get("eta") or dt.datetime.now(dt.timezone.utc)
-        setattr(request, _RETRY_ETA, due)
+        published = time.time()
+        setattr(request, _RETRY_ETA, headers.get("eta") or _moment(published))
+        # The attempt failed then, not when the retry handler runs after the publish: the
+        # next attempt may start (elsewhere) in between.
+        setattr(request, _RETRY_AT, published)
 
 
 def _lookup(task_name: str) -> tuple[Any, Mirrored | None]:
@@ -357,12 +367,14 @@ def task_retry(
     cause = reason.exc if isinstance(reason, Retry) and reason.exc is not None else reason
     error = error_document(cause if isinstance(cause, BaseException) else str(cause))
     if einfo is not None and getattr(einfo, "traceback", None):
-        error["traceback"] = einfo.traceback
+        error["traceback"] = error["stack"] = einfo.traceback
     when = getattr(request, _RETRY_ETA, None) or (
         reason.when if isinstance(reason, Retry) else None
     )
     attempt = replace.attempt_of(request)
-    pikku.mirror.retried(str(request.id), attempt, error, _eta(when))
+    pikku.mirror.retried(
+        str(request.id), attempt, error, _eta(when), at=getattr(request, _RETRY_AT, None)
+    )
 
 
 @_isolated
@@ -400,7 +412,7 @@ def task_failure(
     request = sender.request
     error = error_document(exception if exception is not None else "task failed")
     if einfo is not None and getattr(einfo, "traceback", None):
-        error["traceback"] = einfo.traceback
+        error["traceback"] = error["stack"] = einfo.traceback
     if isinstance(exception, Reject):
         error["message"] = (
             "The task rejected its message without requeue (Reject(requeue=False)): the broker "

@@ -33,6 +33,7 @@ from pikku_celery.store.journal import (
 from pikku_celery.store.models import (
     CHILD_RPC_PREFIX,
     LOST_ERROR_TYPE,
+    NEXT_ATTEMPT_GAP,
     RUN_STATUSES,
     SETTLED_RUN_STATUSES,
     SLEEP_RPC,
@@ -60,6 +61,7 @@ __all__ = [
     "ENV_DATABASE_URL",
     "ENV_JOURNAL_DIR",
     "LOST_ERROR_TYPE",
+    "NEXT_ATTEMPT_GAP",
     "RUN_STATUSES",
     "SETTLED_RUN_STATUSES",
     "SLEEP_RPC",

@@ -136,9 +136,12 @@ class AttemptWrites(StoreBase):
         pid: int | None = None,
         eta: dt.datetime | None = None,
         reason: str | None = None,
+        at: dt.datetime | None = None,
         conn: sa.Connection | None = None,
     ) -> None:
         """Attempt ``attempt`` of the step moved to ``status``: both rows, no read first.
+
+        ``at``: when it happened (default now).
 
         The attempt row is created if it does not exist yet. A ``running``
         event for an attempt that already ran is a redelivery: it adds to the
@@ -148,7 +151,7 @@ class AttemptWrites(StoreBase):
             raise InvalidStatus("attempt", status, _ATTEMPT_EVENTS)
         if attempt < 1:
             raise ValueError(f"Attempts are numbered from 1, not {attempt}.")
-        timestamp = now()
+        timestamp = at or now()
         params: dict[str, Any] = {
             "step_id": step_id,
             "attempt_no": attempt,

@@ -15,6 +15,7 @@ __all__ = [
     "ATTEMPT_STATUSES",
     "CHILD_RPC_PREFIX",
     "LOST_ERROR_TYPE",
+    "NEXT_ATTEMPT_GAP",
     "RUN_STATUSES",
     "SETTLED_RUN_STATUSES",
     "SLEEP_RPC",
@@ -50,6 +51,11 @@ STEP_STATUSES: Final = frozenset(
     {"pending", "scheduled", "running", "lost", "succeeded", "failed", "cancelled"}
 )
 ATTEMPT_STATUSES: Final = STEP_STATUSES
+
+#: How much later the next attempt of a step starts than the end of the one before it: a
+#: millisecond, so readers that compare times at a millisecond's precision (Pikku's, as
+#: JavaScript Dates) see it as strictly newer.
+NEXT_ATTEMPT_GAP: Final = dt.timedelta(milliseconds=1)
 
 # An attempt only moves forward through these ranks; an outcome is final.
 # ``lost`` (set only by the reaper, from ``running``) ranks below ``running`` so

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from pikku_celery.store.attempts import AttemptWrites
 from pikku_celery.store.base import now
-from pikku_celery.store.models import OpenAttempt, StaleStep, UnsentClaim
+from pikku_celery.store.models import NEXT_ATTEMPT_GAP, OpenAttempt, StaleStep, UnsentClaim
 from pikku_celery.store.sql import reap as rq
 
 __all__ = ["StoreReap"]
@@ -127,13 +127,22 @@ class StoreReap(AttemptWrites):
         fails with the step.
         """
         document = self._error_json(dict(error))
-        params = {"step_id": step_id, "attempt_no": attempt, "error": document, "now": now()}
+        moment = now()
+        params = {"step_id": step_id, "attempt_no": attempt, "error": document, "now": moment}
         with self._tx(conn) as c:
             if c.execute(rq.give_up_step, params).rowcount == 0:
                 return False
             if retry:
                 self.record_attempt(
-                    step_id, attempt + 1, "scheduled", reason="lost", task_id=step_id, conn=c
+                    step_id,
+                    attempt + 1,
+                    "scheduled",
+                    reason="lost",
+                    task_id=step_id,
+                    # Strictly after the lost attempt at a millisecond's precision, which
+                    # is what a reader comparing JavaScript Dates takes as newer.
+                    at=moment + NEXT_ATTEMPT_GAP,
+                    conn=c,
                 )
             elif settle_run:
                 self.settle_run(run_id, "failed", dict(error), conn=c)

@@ -45,6 +45,8 @@ def test_self_retry_twice_then_success_is_three_attempts(shop: ModuleType, worke
     assert history[0].error["type"] == "ConnectionError"
     assert "gateway timeout" in history[0].error["message"]
     assert "Traceback" in (history[0].error["traceback"] or "")
+    # Pikku reads the traceback as `stack`: the same text on a retried attempt too.
+    assert history[0].error["stack"] == history[0].error["traceback"]
     assert [a.reason for a in history] == ["first", "retry", "retry"]
     assert all(a.task_id == result.id for a in history)
     assert history[1].scheduled_at is not None and history[1].eta is not None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any, Final
@@ -23,6 +24,8 @@ from pikku_celery import WorkflowStore
 from pikku_celery.cli import commands as cli
 from pikku_celery.cli import common as codes
 from pikku_celery.errors import InvalidDuration
+from pikku_celery.integration.apply import Pending, plan
+from pikku_celery.integration.events import AttemptRetried, AttemptStarted, StepPublished
 from pikku_celery.schema import COMPAT_SCHEMA
 from pikku_celery.store.batch import MirrorBatch, NewStep, StepTransition
 from tests.conftest import truncate
@@ -425,3 +428,67 @@ def test_old_and_foreign_sqlite_forms_read_the_same_instant(tmp_path: Any) -> No
             conn.exec_driver_sql(f"UPDATE workflow_runs SET deterministic = {stored}")
         assert store.get_run(run_id).deterministic is read, stored
     store.close()
+
+
+def _newest_as_pikku_reads(attempts: list[Any]) -> int:
+    """The attempt Pikku's getRunStatus takes as a step's current one: a later attempt
+    counts only when it began strictly after the one before it was last touched, compared
+    as JavaScript Dates (milliseconds)."""
+
+    def ms(moment: dt.datetime | None) -> int:
+        return -1 if moment is None else int(moment.timestamp() * 1000)
+
+    current = attempts[0]
+    for attempt in attempts[1:]:
+        touched = max(
+            ms(current.created_at),
+            ms(current.running_at),
+            ms(current.succeeded_at),
+            ms(current.failed_at),
+        )
+        if ms(attempt.created_at) > touched:
+            current = attempt
+    return int(current.attempt)
+
+
+def test_a_retried_step_shows_its_newest_attempt_to_a_millisecond_reader(
+    store: WorkflowStore,
+) -> None:
+    step_id = str(uuid.uuid4())
+    at = time.time()
+    error = '{"type":"ConnectionError","message":"gateway","traceback":null,"stack":null}'
+    events = [
+        StepPublished(
+            id=f"{step_id}-1",
+            at=at,
+            step_id=step_id,
+            run_id=step_id,
+            step_name="charge",
+            rpc_name="shop.charge",
+            data_json='{"args":[],"kwargs":{}}',
+            new_run=("shop.charge", "{}", '{"type":"task"}'),
+        ),
+        AttemptStarted(id=f"{step_id}-2", at=at, step_id=step_id, attempt=1, worker="w", pid=1),
+        # The failure and the retry's schedule at one instant, as Celery's retry has them.
+        AttemptRetried(id=f"{step_id}-3", at=at, step_id=step_id, attempt=1, error_json=error),
+    ]
+    store.apply_batch(plan([Pending(n, e) for n, e in enumerate(events)]))
+    history = store.get_run_history(step_id)
+    assert [(a.attempt, a.status) for a in history] == [(1, "failed"), (2, "scheduled")]
+    assert _newest_as_pikku_reads(history) == 2
+
+
+def test_a_lost_attempt_retried_shows_the_new_attempt_to_a_millisecond_reader(
+    store: WorkflowStore,
+) -> None:
+    run_id = store.create_run("charge", {"args": [], "kwargs": {}}, wire={"type": "task"})
+    step_id = str(uuid.uuid4())
+    store.schedule_step(run_id, step_id, "charge", "shop.charge", {"args": []}, task_id=step_id)
+    store.record_attempt(step_id, 1, "running", task_id=step_id, worker="gone@host", pid=4)
+    lost = {"type": "WorkerLost", "message": "lost", "traceback": None}
+    [seen] = store.open_attempts(idle_for=0)
+    assert store.mark_lost(step_id, 1, seen.delivery_count, lost)
+    assert store.give_up_lost(run_id, step_id, 1, lost, retry=True, settle_run=True)
+    history = store.get_run_history(run_id)
+    assert [(a.attempt, a.status) for a in history] == [(1, "lost"), (2, "scheduled")]
+    assert _newest_as_pikku_reads(history) == 2

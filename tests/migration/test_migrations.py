@@ -15,6 +15,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from pikku_celery import WorkflowStore
+from pikku_celery.errors import StoreError
 from pikku_celery.schema import metadata, migrate
 from pikku_celery.store.models import seconds_of
 from tests.conftest import PgServer
@@ -266,3 +267,32 @@ def test_every_revision_goes_down_to_nothing_and_back(empty_url: str) -> None:
     run_id = store.create_run("checkout", {"again": True})
     assert store.get_run(run_id).input == {"again": True}
     store.close()
+
+
+def test_the_compat_downgrade_drops_only_its_views_and_never_a_pikku_services_tables(
+    pg_server: PgServer,
+) -> None:
+    """A Pikku service on ``search_path=pikku_compat`` makes its own tables in the schema."""
+    url = pg_server.create_database()
+    store = WorkflowStore(url)
+    try:
+        store.init()
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE pikku_compat.channels (id text PRIMARY KEY)")
+            conn.exec_driver_sql("INSERT INTO pikku_compat.channels VALUES ('kept')")
+        with pytest.raises(StoreError) as refused:
+            migrate.downgrade(store.engine, "0004")
+        message = str(refused.value)
+        assert "channels" in message and "SET SCHEMA public" in message
+        # Nothing was dropped: the views still read, the service's row is there.
+        assert _raw(store.engine, "SELECT id FROM pikku_compat.channels") == [("kept",)]
+        assert _raw(store.engine, "SELECT count(*) FROM pikku_compat.workflow_runs") == [(0,)]
+
+        with store.engine.begin() as conn:  # as the message says
+            conn.exec_driver_sql("ALTER TABLE pikku_compat.channels SET SCHEMA public")
+        migrate.downgrade(store.engine, "0004")
+        schemas = "SELECT count(*) FROM pg_namespace WHERE nspname = 'pikku_compat'"
+        assert _raw(store.engine, schemas) == [(0,)]
+        assert _raw(store.engine, "SELECT id FROM public.channels") == [("kept",)]
+    finally:
+        store.close()

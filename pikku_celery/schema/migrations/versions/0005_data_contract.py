@@ -20,6 +20,9 @@ from typing import Final
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
+
+from pikku_celery.errors import StoreError
 
 revision = "0005"
 down_revision = "0004"
@@ -111,7 +114,32 @@ _VERSIONS_READ_ONLY: Final = (
     "CREATE TRIGGER read_only INSTEAD OF INSERT OR UPDATE OR DELETE ON "
     "pikku_compat.workflow_versions FOR EACH ROW EXECUTE FUNCTION pikku_compat.refuse_write()"
 )
-_DROP_SCHEMA: Final = "DROP SCHEMA IF EXISTS pikku_compat CASCADE"
+# What the downgrade may drop: our four views and our trigger function, nothing else. A
+# Pikku service connected with ``search_path=pikku_compat`` may have made tables of its
+# own in the schema (``channels``, ``channel_subscriptions``); those are never dropped.
+_OURS: Final = (
+    "workflow_runs",
+    "workflow_step",
+    "workflow_step_history",
+    "workflow_versions",
+    "refuse_write",
+)
+_OTHERS_IN_SCHEMA: Final = sa.text(
+    "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE n.nspname = 'pikku_compat' AND c.relkind IN ('r', 'v', 'm', 'S', 'f', 'p')"
+    " AND c.relname <> ALL(:ours)"
+    " UNION ALL SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+    " WHERE n.nspname = 'pikku_compat' AND p.proname <> ALL(:ours)"
+    " ORDER BY 1"
+).bindparams(sa.bindparam("ours", value=list(_OURS), type_=postgresql.ARRAY(sa.Text)))
+_DROP_VIEWS: Final = (
+    "DROP VIEW IF EXISTS pikku_compat.workflow_runs",
+    "DROP VIEW IF EXISTS pikku_compat.workflow_step",
+    "DROP VIEW IF EXISTS pikku_compat.workflow_step_history",
+    "DROP VIEW IF EXISTS pikku_compat.workflow_versions",
+    "DROP FUNCTION IF EXISTS pikku_compat.refuse_write()",
+)
+_DROP_SCHEMA: Final = "DROP SCHEMA IF EXISTS pikku_compat"
 
 _DATE_TIME: Final = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
 _CLOCK: Final = "[0-9][0-9]:[0-9][0-9]:[0-9][0-9]"
@@ -226,6 +254,21 @@ def _compat_views() -> None:
     op.execute(_VERSIONS_READ_ONLY)
 
 
+def _drop_compat_views() -> None:
+    others = list(op.get_bind().execute(_OTHERS_IN_SCHEMA).scalars())
+    if others:
+        raise StoreError(
+            "pikku_compat holds objects pikku-celery did not make ("
+            + ", ".join(others)
+            + "); they belong to another service, so this downgrade will not drop the "
+            "schema. Move them out of pikku_compat (ALTER TABLE ... SET SCHEMA public), "
+            "then run the downgrade again."
+        )
+    for statement in _DROP_VIEWS:
+        op.execute(statement)
+    op.execute(_DROP_SCHEMA)
+
+
 def upgrade() -> None:
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
@@ -239,7 +282,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     dialect = op.get_bind().dialect.name
     if dialect == "postgresql":
-        op.execute(_DROP_SCHEMA)
+        _drop_compat_views()
     _convert_delays(_down_delay)
     if dialect == "sqlite":
         _sqlite_flags(up=False)
