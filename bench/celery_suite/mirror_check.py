@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -15,9 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from sqlalchemy import text
-
-from pikku_celery.store import WorkflowStore
+from sqlalchemy import create_engine, text
 
 __all__ = ["MirrorState", "OpenStep", "journal_report", "read_mirror"]
 
@@ -86,11 +85,20 @@ def _error_text(value: Any) -> str:
     return str(document)
 
 
+def _engine_url(url: str) -> str:
+    # As pikku-celery reads its URLs: PostgreSQL through psycopg 3. (Not imported from the
+    # package: the mode may have run a snapshot of it, and the work tree may be mid-edit.)
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
 def read_mirror(url: str) -> MirrorState:
-    store = WorkflowStore(url)
+    engine = create_engine(_engine_url(url))
     state = MirrorState()
     try:
-        with store.engine.connect() as conn:
+        with engine.connect() as conn:
 
             def by_status(table: str, column: str = "status") -> dict[str, int]:
                 rows = conn.execute(text(f"SELECT {column}, count(*) FROM {table} GROUP BY 1"))
@@ -178,7 +186,7 @@ def read_mirror(url: str) -> MirrorState:
                 (str(a), str(b), int(c), int(d), str(e)) for a, b, c, d, e in rows
             ]
     finally:
-        store.close()
+        engine.dispose()
     return state
 
 
@@ -186,8 +194,9 @@ def open_by_task(state: MirrorState) -> dict[str, int]:
     return dict(Counter(f"{s.task} ({s.status})" for s in state.open_steps).most_common())
 
 
-def journal_report(url: str, journal_dir: Path, *, replay: bool) -> str:
-    """``pikku-celery journal`` (with ``--replay``: it writes what the session left)."""
+def journal_report(url: str, journal_dir: Path, pythonpath: str, *, replay: bool) -> str:
+    """``pikku-celery journal`` (with ``--replay``: it writes what the session left), run by
+    the pikku-celery the mode ran (``pythonpath``)."""
     command = [
         sys.executable,
         "-m",
@@ -200,5 +209,7 @@ def journal_report(url: str, journal_dir: Path, *, replay: bool) -> str:
     ]
     if replay:
         command.append("--replay")
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIKKU_")}
+    env["PYTHONPATH"] = pythonpath
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     return (done.stdout + done.stderr).strip()

@@ -15,10 +15,13 @@ It changes nothing in the suite's files. What it does, read from the environment
 - Before the last test's teardown (so the worker is still up), waits
   ``PIKKU_SUITE_SETTLE`` seconds: the mirror's flushers and the worker's reaper get that
   long to converge before anything stops.
+- After pytest's last hook, a process that has not exited within 3 s writes the stacks of
+  all its threads to ``exit-stacks.txt``.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -27,7 +30,7 @@ import threading
 import time
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 import pytest
 from celery import Celery
@@ -43,6 +46,9 @@ ENV_SETTLE: Final = "PIKKU_SUITE_SETTLE"
 #: The fixtures of celery.contrib.pytest that make the suite's apps.
 APP_FIXTURES: Final = frozenset({"celery_app", "celery_session_app"})
 WORKER_FIXTURE: Final = "celery_session_worker"
+#: Seconds after pytest's last hook at which a process that has not exited dumps its stacks.
+EXIT_STACKS_AFTER: Final = 3.0
+_exit_stacks: list[TextIO] = []
 
 
 def _out() -> Path:
@@ -217,6 +223,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     _session["unconfigure_at"] = time.time()
     _session["pikku_celery_imported"] = "pikku_celery" in sys.modules
+    if "pikku_celery" in sys.modules:  # which copy: the snapshot run.py made, or the work tree
+        _session["pikku_celery_file"] = getattr(sys.modules["pikku_celery"], "__file__", None)
+    # A process still alive EXIT_STACKS_AFTER s from now (in its atexit handlers, or held by a
+    # thread) writes every thread's stack to exit-stacks.txt: where the exit waits.
+    _exit_stacks.append((_out() / "exit-stacks.txt").open("w", encoding="utf-8"))
+    faulthandler.dump_traceback_later(EXIT_STACKS_AFTER, file=_exit_stacks[0])
     _session["threads_alive"] = sorted(
         f"{thread.name}{' (daemon)' if thread.daemon else ''}"
         for thread in threading.enumerate()

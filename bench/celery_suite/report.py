@@ -202,6 +202,8 @@ def summarize(
         mine = {
             nodeid: Outcome(nodeid, result=o["result"]) for nodeid, o in doc["outcomes"].items()
         }
+        # A test this mode did not collect (a -k or --tests subset) is left out of it.
+        doc["not_collected_here"] = len(set(base) - set(mine))
         doc["differs_from_plain"] = [
             {
                 "test": nodeid,
@@ -211,13 +213,19 @@ def summarize(
                 "teardown_message": doc["outcomes"].get(nodeid, {}).get("teardown_message", ""),
             }
             for nodeid, a, b in differences(base, mine)
+            if b is not None
         ]
         doc["plain_repeated_executions"] = len(baseline["repeated_executions"])
         doc["plain_task_executions"] = baseline["task_executions"]
         doc["executions_differing_from_plain"] = [
             {"test": test, "task": task, "plain": a, run.mode: b}
             for test, task, a, b in extra_executions(
-                baseline["executions_by_test"], doc["executions_by_test"]
+                {
+                    test: found
+                    for test, found in baseline["executions_by_test"].items()
+                    if test in mine or test not in base  # "(before the first test)", "?"
+                },
+                doc["executions_by_test"],
             )
         ]
     return doc
@@ -254,6 +262,9 @@ def render(doc: dict[str, Any]) -> str:
     add(f"   folder {doc['folder']}")
     if doc["database_url"]:
         add(f"   mirror database {doc['database_url']}")
+    if "pikku" in doc:
+        pikku = doc["pikku"]
+        add(f"   pikku-celery: {pikku['label']}, imported from {pikku['imported_from']}")
     add(f"   pytest exit code {doc['returncode']}; pytest says: {doc['pytest_summary'] or '-'}")
     add(f"   counts: {_counts_line(doc['counts'])}")
     add(
@@ -271,7 +282,11 @@ def render(doc: dict[str, Any]) -> str:
         add(f"   note: {note}")
     if "differs_from_plain" in doc:
         rows = doc["differs_from_plain"]
-        add(f"   differs from plain ({doc['baseline']}): {len(rows)} tests")
+        skipped = doc.get("not_collected_here", 0)
+        add(
+            f"   differs from plain ({doc['baseline']}): {len(rows)} tests"
+            + (f" (of plain's tests {skipped} not collected here)" if skipped else "")
+        )
         for row in rows:
             message = row["message"] or row["teardown_message"]
             add(f"     {row['test']}: plain {row['plain']} -> {row[doc['mode']]}")

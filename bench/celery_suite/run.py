@@ -19,7 +19,7 @@ from typing import Any
 
 from bench.celery_suite.mirror_check import journal_report, read_mirror
 from bench.celery_suite.report import MirrorReading, load_baseline, render, summarize
-from bench.celery_suite.session import MODES, Settings, run_mode
+from bench.celery_suite.session import MODES, Settings, pikku_source, run_mode
 from bench.celery_suite.sources import DEFAULT_CACHE, SUITE_FILES, prepare
 
 __all__ = ["main"]
@@ -71,6 +71,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-k", dest="keyword", help="pytest -k expression")
     parser.add_argument(
+        "--pikku",
+        default="HEAD",
+        metavar="COMMIT|worktree",
+        help="the pikku-celery the mirrored modes run: a commit of this repository, exported "
+        "with git archive into the cache (default HEAD), or 'worktree' for the files as they "
+        "are (others may be editing them)",
+    )
+    parser.add_argument(
         "--render",
         type=Path,
         metavar="RUN_FOLDER",
@@ -90,7 +98,7 @@ def _render_earlier(folder: Path) -> int:
 
 
 def _newest_plain(cache: Path) -> Path | None:
-    found = sorted((cache / "runs").glob("*/plain/summary.json"))
+    found = sorted((cache / "runs").glob("*/plain/summary.json"), key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
 
 
@@ -100,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         return _render_earlier(args.render)
     modes = list(MODES) if args.mode == "every" else [args.mode]
     sources = prepare(args.cache)
+    pikku = pikku_source(args.pikku, args.cache)
+    print(f"pikku-celery: {pikku.label}", flush=True)
     out = args.cache / "runs" / time.strftime("%Y%m%d-%H%M%S")
     settings = Settings(
         out=out,
@@ -109,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout=args.timeout,
         test_timeout=args.test_timeout,
         settle=args.settle,
+        pikku=pikku,
         tests=tuple(args.tests),
         pytest_args=("-k", args.keyword) if args.keyword else (),
     )
@@ -124,10 +135,19 @@ def main(argv: list[str] | None = None) -> int:
         mirror = None
         if run.database_url is not None and run.journal_dir is not None:
             left = read_mirror(run.database_url)
-            before = journal_report(run.database_url, run.journal_dir, replay=False)
-            replayed = journal_report(run.database_url, run.journal_dir, replay=True)
+            path = pikku.pythonpath
+            before = journal_report(run.database_url, run.journal_dir, path, replay=False)
+            replayed = journal_report(run.database_url, run.journal_dir, path, replay=True)
             mirror = MirrorReading(left, before, replayed, read_mirror(run.database_url))
         doc = summarize(run, mirror, None if mode == "plain" else baseline)
+        if mode != "plain":
+            doc["pikku"] = {
+                "label": pikku.label,
+                "commit": pikku.commit,
+                "path": None if pikku.path is None else str(pikku.path),
+                "changed_files": list(pikku.changed_files),
+                "imported_from": run.session.get("pikku_celery_file"),
+            }
         (run.folder / "summary.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
         if mode == "plain":
             baseline = doc

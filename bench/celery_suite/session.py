@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +18,7 @@ from typing import Any, Final
 from bench.celery_suite import plugin
 from bench.celery_suite.sources import SUITE_FILES, Sources
 
-__all__ = ["MODES", "ModeRun", "Settings", "run_mode"]
+__all__ = ["MODES", "ModeRun", "PikkuSource", "Settings", "pikku_source", "run_mode"]
 
 MODES: Final = ("plain", "all", "steps")
 ROOT: Final = Path(__file__).resolve().parent.parent.parent
@@ -28,6 +31,60 @@ _LAUNCH: Final = (
 
 
 @dataclass(frozen=True)
+class PikkuSource:
+    """Which pikku-celery the mirrored modes run: a snapshot of a commit, or the work tree.
+
+    Others may be editing ``pikku_celery/`` in this work tree while a mode runs for
+    minutes; a snapshot (``git archive`` of the commit into the cache) keeps one mode on one
+    version of the code. ``path`` goes first on the suite's ``PYTHONPATH``.
+    """
+
+    label: str  # "commit <sha>" or "work tree at <sha> (+ N changed files)"
+    commit: str
+    path: Path | None  # None: the work tree (the virtualenv's editable install)
+    changed_files: tuple[str, ...] = ()
+
+    @property
+    def pythonpath(self) -> str:
+        return str(ROOT) if self.path is None else f"{self.path}{os.pathsep}{ROOT}"
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def pikku_source(spec: str, cache: Path) -> PikkuSource:
+    """``worktree``, or a commit (``HEAD``, a sha, a branch) exported into ``cache``."""
+    if spec == "worktree":
+        commit = _git("rev-parse", "HEAD")
+        changed = tuple(
+            line[3:] for line in _git("status", "--porcelain", "--", "pikku_celery").splitlines()
+        )
+        label = f"work tree at {commit[:12]}" + (
+            f" + {len(changed)} changed paths under pikku_celery/" if changed else ""
+        )
+        return PikkuSource(label, commit, None, changed)
+    commit = _git("rev-parse", "--verify", f"{spec}^{{commit}}")
+    path = cache / "pikku" / commit
+    if not (path / "pikku_celery" / "__init__.py").exists():
+        partial = path.with_name(commit + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", commit, "pikku_celery"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(partial, filter="data")
+        shutil.rmtree(path, ignore_errors=True)
+        partial.replace(path)
+    return PikkuSource(f"commit {commit[:12]}", commit, path)
+
+
+@dataclass(frozen=True)
 class Settings:
     out: Path  # this invocation's folder
     redis_url: str
@@ -36,6 +93,7 @@ class Settings:
     timeout: float  # the whole pytest session, per mode
     test_timeout: float  # pytest-timeout, per test
     settle: float
+    pikku: PikkuSource
     tests: tuple[str, ...] = SUITE_FILES
     pytest_args: tuple[str, ...] = ()
 
@@ -99,9 +157,10 @@ def _fresh_database(settings: Settings, mode: str, folder: Path) -> str:
     return f"{base}/{name}"
 
 
-def _upgrade(url: str) -> None:
+def _upgrade(url: str, pikku: PikkuSource) -> None:
     command = [sys.executable, "-m", "pikku_celery", "--database-url", url, "db", "upgrade"]
-    subprocess.run(command, check=True, cwd=ROOT, env=_clean_env({}), capture_output=True)
+    env = _clean_env({"PYTHONPATH": pikku.pythonpath})
+    subprocess.run(command, check=True, cwd=ROOT, env=env, capture_output=True)
 
 
 def _jsonl(folder: Path) -> list[dict[str, Any]]:
@@ -155,7 +214,7 @@ def run_mode(mode: str, sources: Sources, settings: Settings) -> ModeRun:
     env_settings = {
         "TEST_BROKER": settings.redis_url,
         "TEST_BACKEND": settings.redis_url,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": str(ROOT) if mode == "plain" else settings.pikku.pythonpath,
         "PYTHONUNBUFFERED": "1",
         plugin.ENV_MODE: mode,
         plugin.ENV_OUT: str(records),
@@ -165,7 +224,7 @@ def run_mode(mode: str, sources: Sources, settings: Settings) -> ModeRun:
     journal_dir: Path | None = None
     if mode != "plain":
         database_url = _fresh_database(settings, mode, folder)
-        _upgrade(database_url)
+        _upgrade(database_url, settings.pikku)
         journal_dir = folder / "journal"
         journal_dir.mkdir()
         env_settings[plugin.ENV_DATABASE_URL] = database_url
@@ -222,6 +281,9 @@ def run_mode(mode: str, sources: Sources, settings: Settings) -> ModeRun:
         if leftover:
             notes.append(f"{leftover} processes of the session's group outlived it; killed")
             os.killpg(process.pid, signal.SIGKILL)
+    stacks = records / "exit-stacks.txt"
+    if stacks.exists() and stacks.stat().st_size:
+        notes.append(f"the process was still exiting 3 s after pytest's last hook: {stacks}")
     log_text = log_path.read_text(encoding="utf-8", errors="replace")
     session_path = records / "session.json"
     session: dict[str, Any] = (
