@@ -55,6 +55,7 @@ from pikku_celery.store import (
     StaleStep,
     UnsentClaim,
     WorkflowStore,
+    database_key,
 )
 
 __all__ = ["ReapReport", "Reaper", "visibility_timeout"]
@@ -488,7 +489,7 @@ class Reaper:
         headers: dict[str, Any] = {h.RUN_ID: run_id, h.STEP_NAME: step_name}
         if workflow:
             headers[h.ORCHESTRATED] = True
-            headers[h.DISPATCH] = [step_id, attempt_no]
+            headers[h.DISPATCH] = [step_id, attempt_no, database_key(self.store.engine.url)]
         # Where the first message went, not where this app would route the name today
         # (a queue given to apply_async, another app's default queue).
         where: dict[str, Any] = {}

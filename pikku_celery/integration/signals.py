@@ -322,11 +322,14 @@ def after_task_publish(
     dispatch = (headers or {}).get(h.DISPATCH)
     if not dispatch or sender is None:
         return
-    for pikku in registry.values():
-        if sender in pikku.app.tasks:  # a step, or the wake-up of a durable sleep
-            step_id, attempt = dispatch
-            pikku.mirror.dispatched(str(step_id), int(attempt))
-            return
+    step_id, attempt, *database = dispatch
+    # A step, or the wake-up of a durable sleep, which every app has: the mirror of the
+    # database that claimed it records it.
+    having = [pikku for pikku in registry.values() if sender in pikku.app.tasks]
+    chosen = next((p for p in having if database and p.mirror.database_key == database[0]), None)
+    chosen = chosen or (having[0] if having else None)
+    if chosen is not None:
+        chosen.mirror.dispatched(str(step_id), int(attempt))
 
 
 @_isolated

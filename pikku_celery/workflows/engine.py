@@ -70,8 +70,10 @@ def _gone(message: str, run_id: str) -> None:
 class CeleryDispatcher:
     """Sends a replay's decisions as Celery messages."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, database: str = "") -> None:
         self.app = app
+        # Which mirror records the dispatch: every app in a process has the wake-up task.
+        self.database = database
 
     def step(
         self,
@@ -94,13 +96,16 @@ class CeleryDispatcher:
                 h.RUN_ID: run_id,
                 h.STEP_NAME: step_name,
                 h.ORCHESTRATED: True,
-                h.DISPATCH: [step_id, attempt],
+                h.DISPATCH: [step_id, attempt, self.database],
             },
         )
 
     def wake(self, run_id: str, step_id: str, attempt: int, at: dt.datetime) -> None:
         self.app.send_task(
-            WAKE_TASK, (run_id, step_id, attempt), eta=at, headers={h.DISPATCH: [step_id, attempt]}
+            WAKE_TASK,
+            (run_id, step_id, attempt),
+            eta=at,
+            headers={h.DISPATCH: [step_id, attempt, self.database]},
         )
 
     def orchestrate(self, run_id: str, at: dt.datetime | None = None) -> None:
@@ -111,7 +116,7 @@ class WorkflowEngine:
     def __init__(self, app: Celery, mirror: CeleryMirror) -> None:
         self.app = app
         self._mirror = mirror
-        self.dispatcher: Dispatcher = CeleryDispatcher(app)
+        self.dispatcher: Dispatcher = CeleryDispatcher(app, mirror.database_key)
         self.workflows: dict[str, Workflow] = {}
         orchestrate, wake = as_task_function(self._orchestrate), as_task_function(self._wake)
         app.task(name=ORCHESTRATE_TASK, acks_late=True, ignore_result=True, shared=False)(

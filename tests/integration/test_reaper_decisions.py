@@ -23,7 +23,7 @@ from pikku_celery import WorkflowStore
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper
-from pikku_celery.store import LOST_ERROR_TYPE
+from pikku_celery.store import LOST_ERROR_TYPE, database_key
 from tests.acceptance.conftest import AMQP_URL, address, port_open, redis_db
 from tests.conftest import service_missing
 from tests.support.threads import run_threads
@@ -76,7 +76,8 @@ def test_a_workflow_step_of_a_gone_worker_is_dispatched_again_under_the_same_att
     assert report.awaiting_redelivery == [] and report.failed == []
     [headers] = _queued(app)
     assert (headers["id"], headers["task"], headers["retries"]) == (step_id, "reaped.charge", 0)
-    assert headers[h.ORCHESTRATED] is True and headers[h.DISPATCH] == [step_id, 1]
+    assert headers[h.ORCHESTRATED] is True
+    assert headers[h.DISPATCH] == [step_id, 1, database_key(store.engine.url)]
     [attempt] = store.get_run_history(run_id)
     assert attempt.status == "lost" and attempt.error is not None
     assert attempt.error["type"] == LOST_ERROR_TYPE and attempt.error["redispatched"] is True
@@ -145,7 +146,7 @@ def test_a_claim_whose_message_never_went_out_is_sent_once(
     [headers] = _queued(app)
     assert (headers["id"], headers[h.DISPATCH], headers[h.RUN_ID]) == (
         step_id,
-        [step_id, 1],
+        [step_id, 1, database_key(store.engine.url)],
         run_id,
     )
     # Sent just now: its grace starts again, so the next pass sends nothing.
