@@ -85,6 +85,9 @@ class _Attempt:
     reason: str | None = None
     delivery_ids: list[str] = field(default_factory=list)
     seen: bool = False
+    retries: int | None = None
+    retry_delay: str | None = None
+    gave_up: bool = False
 
     def move(self, status: str, at: float) -> bool:
         """Fold one event in; True when it moves the attempt forward (as SQL's guard would)."""
@@ -111,6 +114,9 @@ class _Attempt:
             eta=_maybe(self.eta),
             reason=self.reason,
             delivery_ids=tuple(self.delivery_ids),
+            retries=self.retries,
+            retry_delay=self.retry_delay,
+            gave_up=self.gave_up,
         )
 
 
@@ -199,6 +205,8 @@ class _Planner:
         if following.scheduled_at is None:
             following.scheduled_at = next_at
         following.eta = event.eta if event.eta is not None else following.eta
+        following.retries = event.retries if event.retries is not None else following.retries
+        following.retry_delay = event.retry_delay or following.retry_delay
         following.task_id = event.step_id
         following.reason = following.reason or "retry"
 
@@ -228,6 +236,8 @@ class _Planner:
         self.ended(
             event.step_id, event.attempt, event.status, event.at, error_json=event.error_json
         )
+        if event.status == "failed":  # for good: Celery retries it no more
+            self.attempt(event.step_id, event.attempt).gave_up = True
         kind: Any = "replay" if event.orchestrated else event.status
         self.outcome(event.step_id, event.run_id, kind, event.at, event.error_json)
 

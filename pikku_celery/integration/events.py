@@ -124,6 +124,9 @@ class AttemptRetried(MirrorEvent):
     attempt: int
     error_json: str
     eta: float | None = None
+    #: What the step gets from now on: Celery's max_retries, and this retry's delay.
+    retries: int | None = None
+    retry_delay: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -363,12 +363,17 @@ class CeleryMirror:
         eta: dt.datetime | None,
         *,
         at: float | None = None,
+        retries: int | None = None,
+        retry_delay: float | None = None,
     ) -> None:
-        """Attempt K failed (at ``at``, default now) and attempt K+1 is scheduled."""
+        """Attempt K failed (at ``at``, default now) and attempt K+1 is scheduled; the step
+        gets ``retries`` and ``retry_delay`` from now on."""
         self._append(
             AttemptRetried(
                 id=new_event_id(),
                 at=time.time() if at is None else at,
+                retries=retries,
+                retry_delay=_delay_text(retry_delay),
                 step_id=step_id,
                 attempt=attempt,
                 error_json=self._json(dict(error), "error"),

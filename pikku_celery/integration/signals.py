@@ -25,7 +25,7 @@ from pikku_celery.integration import control, replace
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
 from pikku_celery.integration.selection import TaskSelection
-from pikku_celery.integration.task import finished_results
+from pikku_celery.integration.task import finished_results, retry_policy
 from pikku_celery.integration.upkeep import Upkeep
 from pikku_celery.store import NewRun, error_document
 
@@ -295,6 +295,7 @@ def before_task_publish(
         run_id, parent, new_run = step_id, None, NewRun(task.name, data, {"type": "task"})
     else:
         run_id, parent, new_run = context.run_id, context.parent_step_id, None
+    retries, retry_delay = retry_policy(task)
     mirrored.pikku.mirror.published(
         PublishedStep(
             run_id=run_id,
@@ -303,8 +304,8 @@ def before_task_publish(
             rpc_name=task.name,
             data=data,
             parent_step_id=parent,
-            retries=task.max_retries,
-            retry_delay=task.default_retry_delay,
+            retries=retries,
+            retry_delay=retry_delay,
             eta=_eta(headers.get("eta")),
             new_run=new_run,
             routing=_routing(exchange, routing_key),
@@ -344,14 +345,15 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
     adoption = None
     # A workflow's replay claimed its steps; a replacement's step was recorded before it.
     if not h.from_request(request, h.ORCHESTRATED) and replace.continued_attempt(request) is None:
+        retries, retry_delay = retry_policy(task)
         adoption = mirror.adoption(
             header_run or step_id,
             h.from_request(request, h.STEP_NAME) or mirrored.step_name,
             task.name,
             published=header_run is not None,
             data=None if header_run is not None else _call_data(args, kwargs),
-            retries=task.max_retries,
-            retry_delay=task.default_retry_delay,
+            retries=retries,
+            retry_delay=retry_delay,
             routing=_delivered_to(request),
         )
     mirror.started(
@@ -375,8 +377,18 @@ def task_retry(
         reason.when if isinstance(reason, Retry) else None
     )
     attempt = replace.attempt_of(request)
+    at = getattr(request, _RETRY_AT, None)
+    due = _eta(when)
+    # This retry's delay, and the task's max_retries: what the step gets from now on.
+    delay = None if due is None or at is None else max(due.timestamp() - at, 0.0)
     pikku.mirror.retried(
-        str(request.id), attempt, error, _eta(when), at=getattr(request, _RETRY_AT, None)
+        str(request.id),
+        attempt,
+        error,
+        due,
+        at=at,
+        retries=getattr(sender, "max_retries", None),
+        retry_delay=delay,
     )
 
 

@@ -14,11 +14,26 @@ if TYPE_CHECKING:
 else:
     _TaskBase = Task
 
-__all__ = ["WorkflowTask", "as_task_function", "default_step_name", "finished_results"]
+__all__ = [
+    "WorkflowTask",
+    "as_task_function",
+    "default_step_name",
+    "finished_results",
+    "retry_policy",
+]
 
 #: ``(True, result)`` for a step that already succeeded, by the id of its Celery app:
 #: handed in by whatever installs the mirror on the app (the workflow engine's answer).
 finished_results: dict[int, Callable[[str], tuple[bool, Any]]] = {}
+
+
+def retry_policy(task: Any) -> tuple[int | None, float | None]:
+    """The retries and delay a task's step gets from Celery by itself: autoretry's
+    ``max_retries`` (None: for ever) and ``default_retry_delay``; none for a task that does
+    not autoretry. A task's own ``self.retry()`` updates its step when it retries."""
+    if getattr(task, "autoretry_for", ()):
+        return task.max_retries, task.default_retry_delay
+    return 0, None
 
 
 def default_step_name(task_name: str) -> str:

@@ -166,6 +166,8 @@ class AttemptWrites(StoreBase):
             "scheduled_at": timestamp if status == "scheduled" else None,
             "running_at": timestamp if status == "running" else None,
             "ended_at": timestamp if status in _ENDED else None,
+            "retries": None,
+            "retry_delay": None,
         }
         if status == "succeeded":
             params["result"] = self._json(

@@ -67,6 +67,11 @@ class StepTransition:
     eta: dt.datetime | None = None
     reason: str | None = None
     delivery_ids: tuple[str, ...] = ()
+    #: The retries and delay the step gets from now on (None: as they were), and
+    #: ``gave_up``: Celery will not retry it again, so none remain after this attempt.
+    retries: int | None = None
+    retry_delay: str | None = None
+    gave_up: bool = False
 
 
 @dataclass(frozen=True, slots=True)

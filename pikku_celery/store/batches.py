@@ -255,6 +255,9 @@ class BatchWrites(StoreBase):
                     "eta": t.eta,
                     "reason": t.reason,
                     "deliveries": sum(1 for d in t.delivery_ids if d in counted),
+                    # Failed for good: none remain, as a reader counting attempts sees it.
+                    "retries": attempt - 1 if t.gave_up else t.retries,
+                    "retry_delay": None if t.gave_up else stored_duration(t.retry_delay),
                 },
             )
         # One transition per attempt, so the order between statuses does not

@@ -21,7 +21,7 @@ from pikku_celery.errors import (
     StepMismatch,
 )
 from pikku_celery.integration.step_info import StepInfo, idempotency_key, inline_step
-from pikku_celery.integration.task import WorkflowTask
+from pikku_celery.integration.task import WorkflowTask, retry_policy
 from pikku_celery.store import (
     CHILD_RPC_PREFIX,
     SLEEP_RPC,
@@ -412,6 +412,7 @@ class WorkflowContext:
             self._beyond(f"asks for a new step {key!r}")
             step_id = str(uuid.uuid4())
             self._previous_id = step_id
+            policy = retry_policy(task)
             with passed_in(f"input of step {key!r}"):
                 claimed = self._store.claim_step(
                     self.run_id,
@@ -420,8 +421,8 @@ class WorkflowContext:
                     task.name,
                     {"args": list(args), "kwargs": kwargs},
                     from_step_name=previous,
-                    retries=task.max_retries,
-                    retry_delay=task.default_retry_delay,
+                    retries=policy[0],
+                    retry_delay=policy[1],
                 )
             if claimed:
                 # Claimed and not yet sent: a replay that dies here leaves the step

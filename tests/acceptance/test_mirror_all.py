@@ -171,6 +171,32 @@ def test_autoretry_of_a_plain_task_is_attempts_then_a_failed_run(
     )
 
 
+def test_each_step_records_the_retries_it_really_gets_as_pikku_counts_them(
+    plain: ModuleType, worker: Worker
+) -> None:
+    """Pikku lists a step failed once its attempts reach ``retries + 1``."""
+    once = plain.add.delay(1, 2)  # no autoretry, no self.retry: no retries at all
+    refund = plain.refund.delay(3)  # autoretry_for, max_retries=2, default_retry_delay=0
+    flaky = plain.flaky.delay(2)  # self.retry(countdown=0) twice, max_retries=5
+    for result in (once, refund, flaky):
+        worker.wait_for_run(result.id)
+    worker.wait_for_history(
+        refund.id, [("refund", 1, "failed"), ("refund", 2, "failed"), ("refund", 3, "failed")]
+    )
+    worker.wait_for_history(
+        flaky.id, [("flaky", 1, "failed"), ("flaky", 2, "failed"), ("flaky", 3, "succeeded")]
+    )
+    step = worker.store.get_step_state(once.id, "add")
+    assert (step.retries, step.retry_delay) == (0, None)
+    step = worker.store.get_step_state(refund.id, "refund")
+    # Given up after its third attempt: no retries remain, so Pikku counts it failed.
+    assert (step.status, step.attempt_count, step.retries) == ("failed", 3, 2)
+    assert step.attempt_count >= (step.retries or 0) + 1
+    step = worker.store.get_step_state(flaky.id, "flaky")
+    # Its own self.retry() told what it gets: Celery's max_retries, and the countdown.
+    assert (step.status, step.retries, step.retry_delay_seconds) == ("succeeded", 5, 0.0)
+
+
 def test_a_shared_task_is_mirrored(plain: ModuleType, worker: Worker) -> None:
     # The app's own instance of it: a user's `greet.delay` resolves to the current app's,
     # and the test session may hold other apps.

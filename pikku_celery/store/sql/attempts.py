@@ -202,6 +202,9 @@ def step_values(status: str, v: Source = _bound) -> dict[str, Any]:
         "status": status,
         "current_attempt": v("attempt_no"),
         "updated_at": v("now"),
+        # What the step gets from now on, when the event says (a retry, a final failure).
+        "retries": sa.func.coalesce(v("retries"), steps.c.retries),
+        "retry_delay": sa.func.coalesce(v("retry_delay"), steps.c.retry_delay),
     }
     if status == "succeeded":
         values.update(result=v("result"), error=None)

@@ -110,6 +110,8 @@ _TRANSITION_ROWS: Final = (
     ("eta", _TS),
     ("reason", sa.Text()),
     ("deliveries", sa.Integer()),
+    ("retries", sa.Integer()),
+    ("retry_delay", sa.Text()),
 )
 _RUN_ROWS: Final = (
     ("run_id", sa.Text()),
@@ -144,7 +146,13 @@ def record_attempts_pg(status: str) -> Insert:
     """
     events = _rows("ev", _TRANSITION_ROWS)
     newest = (
-        sa.select(*(events.c[name] for name in ("step_id", "attempt_no", "now", "result", "error")))
+        sa.select(
+            *(
+                events.c[name]
+                for name in ("step_id", "attempt_no", "now", "result", "error", "retries")
+            ),
+            events.c.retry_delay,
+        )
         .ext(postgresql.distinct_on(events.c.step_id))
         .order_by(events.c.step_id, events.c.attempt_no.desc())
         .cte("newest")
