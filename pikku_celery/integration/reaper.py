@@ -439,7 +439,7 @@ class Reaper:
             why = "No retries are left" if may_retry else "It is not retried"
             then = (
                 "the workflow decides (it may compensate), or resume the run "
-                "(pikku-celery runs resume)"
+                f"(pikku-celery runs resume {attempt.run_id} --app module:pikku)"
                 if workflow
                 else "publish the task again"
             )
