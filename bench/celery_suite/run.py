@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
         "--baseline",
         type=Path,
         help="a plain mode's summary.json to compare with (default: this invocation's plain "
-        "mode, else the newest one in the cache)",
+        "mode, else the newest one in the cache that ran the same tests)",
     )
     parser.add_argument(
         "--tests", nargs="+", default=list(SUITE_FILES), help="test files or node ids"
@@ -97,9 +97,13 @@ def _render_earlier(folder: Path) -> int:
     return 0
 
 
-def _newest_plain(cache: Path) -> Path | None:
+def _newest_plain(cache: Path, selection: dict[str, Any]) -> Path | None:
+    """The newest plain run of the same tests (a -k or --tests subset is no baseline)."""
     found = sorted((cache / "runs").glob("*/plain/summary.json"), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+    for path in reversed(found):
+        if json.loads(path.read_text(encoding="utf-8")).get("selection") == selection:
+            return path
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,8 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         pytest_args=("-k", args.keyword) if args.keyword else (),
     )
     baseline_path: Path | None = args.baseline
+    selection = {"tests": list(settings.tests), "keyword": args.keyword}
     if baseline_path is None and "plain" not in modes:
-        baseline_path = _newest_plain(args.cache)
+        baseline_path = _newest_plain(args.cache, selection)
+        if baseline_path is None:
+            print("no plain run of these tests in the cache: nothing to compare with")
     baseline: dict[str, Any] | None = (
         None if baseline_path is None else load_baseline(baseline_path)
     )
@@ -140,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             replayed = journal_report(run.database_url, run.journal_dir, path, replay=True)
             mirror = MirrorReading(left, before, replayed, read_mirror(run.database_url))
         doc = summarize(run, mirror, None if mode == "plain" else baseline)
+        doc["selection"] = selection
         if mode != "plain":
             doc["pikku"] = {
                 "label": pikku.label,
