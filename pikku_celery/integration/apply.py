@@ -188,7 +188,7 @@ class _Planner:
             row.running_at = event.at
         row.task_id, row.worker, row.pid = event.step_id, event.worker or row.worker, event.pid
         row.reason = row.reason or ("first" if event.attempt == 1 else "retry")
-        if event.id not in row.delivery_ids:  # the same event twice is one delivery
+        if event.delivery and event.id not in row.delivery_ids:  # one event is one delivery
             row.delivery_ids.append(event.id)
 
     def dispatched(self, event: StepDispatched) -> None:

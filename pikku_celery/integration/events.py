@@ -114,6 +114,8 @@ class AttemptStarted(MirrorEvent):
     worker: str | None
     pid: int
     adoption: Adoption | None = None
+    #: False for the task that took over a replaced attempt: the same delivery goes on.
+    delivery: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -317,8 +317,10 @@ class CeleryMirror:
         worker: str | None,
         pid: int,
         adoption: Adoption | None = None,
+        delivery: bool = True,
     ) -> None:
-        """Attempt K runs; ``adoption`` records the step if no publisher did."""
+        """Attempt K runs; ``adoption`` records the step if no publisher did; ``delivery``:
+        it is a delivery of the attempt's message (not its replacement taking over)."""
         self._append(
             AttemptStarted(
                 id=new_event_id(),
@@ -328,6 +330,7 @@ class CeleryMirror:
                 worker=worker,
                 pid=pid,
                 adoption=adoption,
+                delivery=delivery,
             )
         )
 

@@ -357,7 +357,13 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
             routing=_delivered_to(request),
         )
     mirror.started(
-        step_id, _attempt(task), worker=request.hostname, pid=os.getpid(), adoption=adoption
+        step_id,
+        _attempt(task),
+        worker=request.hostname,
+        pid=os.getpid(),
+        adoption=adoption,
+        # A replacement carries the attempt on: not one more delivery of its message.
+        delivery=replace.continued_attempt(request) is None,
     )
 
 

@@ -95,6 +95,7 @@ def test_a_task_replaced_by_a_group_runs_once_and_ends_with_its_group(
     assert names == ["add", "add#2", "add#3", "add_to_all"]
     [attempt] = [a for a in worker.store.get_run_history(result.id) if a.step_id == result.id]
     assert attempt.replaced_by == "celery.accumulate"
+    assert attempt.delivery_count == 1  # the replacement carries the delivery on
     settle_and_check(worker, result.id, key)
 
 
@@ -130,6 +131,7 @@ def test_a_task_replaced_by_one_task_is_visible_at_once_and_ends_with_it(
     assert (step.step_name, step.status, step.result) == ("replace_with_one", "succeeded", 5)
     [attempt] = worker.store.get_run_history(result.id)
     assert attempt.replaced_by == "plain.add"
+    assert attempt.delivery_count == 1
     settle_and_check(worker, result.id, key)
 
 
