@@ -224,7 +224,13 @@ class PikkuCelery:
 
     def reaper(self, **options: Any) -> Reaper:
         """A :class:`Reaper` for this app; ``options`` are its keyword arguments."""
-        return Reaper(self.app, self.store, replay=self.workflows.replay_soon, **options)
+        return Reaper(
+            self.app,
+            self.store,
+            replay=self.workflows.replay_soon,
+            dispatched=self.mirror.dispatched,
+            **options,
+        )
 
     def reap(self, **options: Any) -> ReapReport:
         """One reaper pass now: lost attempts are marked, retried or failed."""

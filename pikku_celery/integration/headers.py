@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Final
 
 __all__ = [
-    "DISPATCH",
     "ORCHESTRATED",
     "PARENT_STEP",
     "REPLACES",
@@ -25,10 +24,6 @@ STEP_NAME: Final = "pikku_step"
 PARENT_STEP: Final = "pikku_parent_step"
 # Set when a durable workflow's replay dispatched the step: its end replays the run.
 ORCHESTRATED: Final = "pikku_orchestrated"
-# [step id, attempt, database key] on a message that a replay (or the reaper) sends for a
-# step it claimed in SQL: once the message is out, that database's mirror marks that
-# attempt published.
-DISPATCH: Final = "pikku_dispatch"
 # On the task that took over a replaced step's task id (Celery's ``Task.replace``):
 # [step id, the attempt of that step it continues]. Its own retries count on from there.
 REPLACES: Final = "pikku_replaces"

@@ -55,7 +55,6 @@ from pikku_celery.store import (
     StaleStep,
     UnsentClaim,
     WorkflowStore,
-    database_key,
 )
 
 __all__ = ["ReapReport", "Reaper", "visibility_timeout"]
@@ -167,6 +166,8 @@ class Reaper:
     that has not started in that time is dispatched once more.
     ``claim_grace``: a claimed step whose message is not out after this long is
     sent. ``replay`` continues a durable workflow whose step failed for good.
+    ``dispatched`` is told each workflow step whose message it sent (the mirror
+    records the attempt as published).
     """
 
     def __init__(
@@ -181,6 +182,7 @@ class Reaper:
         claim_grace: float = 15.0,
         reply_timeout: float = 2.0,
         replay: Callable[[str], None] | None = None,
+        dispatched: Callable[[str, int], None] | None = None,
     ) -> None:
         self.app = app
         self.store = store
@@ -191,6 +193,7 @@ class Reaper:
         self.claim_grace = claim_grace
         self.reply_timeout = reply_timeout
         self.replay = replay
+        self.dispatched = dispatched
 
     @functools.cached_property
     def visibility_timeout(self) -> float | None:
@@ -489,7 +492,6 @@ class Reaper:
         headers: dict[str, Any] = {h.RUN_ID: run_id, h.STEP_NAME: step_name}
         if workflow:
             headers[h.ORCHESTRATED] = True
-            headers[h.DISPATCH] = [step_id, attempt_no, database_key(self.store.engine.url)]
         # Where the first message went, not where this app would route the name today
         # (a queue given to apply_async, another app's default queue).
         where: dict[str, Any] = {}
@@ -509,6 +511,8 @@ class Reaper:
             headers=headers,
             **where,
         )
+        if workflow and self.dispatched is not None:
+            self.dispatched(step_id, attempt_no)
 
 
 def _seconds_since(moment: Any) -> float:

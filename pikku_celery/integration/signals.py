@@ -317,23 +317,6 @@ def before_task_publish(
 
 
 @_isolated
-def after_task_publish(
-    sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any
-) -> None:
-    dispatch = (headers or {}).get(h.DISPATCH)
-    if not dispatch or sender is None:
-        return
-    step_id, attempt, *database = dispatch
-    # A step, or the wake-up of a durable sleep, which every app has: the mirror of the
-    # database that claimed it records it.
-    having = [pikku for pikku in registry.values() if sender in pikku.app.tasks]
-    chosen = next((p for p in having if database and p.mirror.database_key == database[0]), None)
-    chosen = chosen or (having[0] if having else None)
-    if chosen is not None:
-        chosen.mirror.dispatched(str(step_id), int(attempt))
-
-
-@_isolated
 def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any) -> None:
     mirrored = step_of(task)
     if mirrored is None:
@@ -564,7 +547,6 @@ def worker_shutdown(**_: Any) -> None:
 
 _HANDLERS: Final[list[tuple[Any, Callable[..., None]]]] = [
     (signals.before_task_publish, before_task_publish),
-    (signals.after_task_publish, after_task_publish),
     (signals.task_prerun, task_prerun),
     (signals.task_retry, task_retry),
     (signals.task_success, task_success),

@@ -70,10 +70,11 @@ def _gone(message: str, run_id: str) -> None:
 class CeleryDispatcher:
     """Sends a replay's decisions as Celery messages."""
 
-    def __init__(self, app: Celery, database: str = "") -> None:
+    def __init__(self, app: Celery, dispatched: Callable[[str, int], None]) -> None:
         self.app = app
-        # Which mirror records the dispatch: every app in a process has the wake-up task.
-        self.database = database
+        # Told once a message is out, by the mirror that claimed its step: a signal
+        # handler could not tell which of several apps in a process sent it.
+        self.dispatched = dispatched
 
     def step(
         self,
@@ -96,17 +97,13 @@ class CeleryDispatcher:
                 h.RUN_ID: run_id,
                 h.STEP_NAME: step_name,
                 h.ORCHESTRATED: True,
-                h.DISPATCH: [step_id, attempt, self.database],
             },
         )
+        self.dispatched(step_id, attempt)
 
     def wake(self, run_id: str, step_id: str, attempt: int, at: dt.datetime) -> None:
-        self.app.send_task(
-            WAKE_TASK,
-            (run_id, step_id, attempt),
-            eta=at,
-            headers={h.DISPATCH: [step_id, attempt, self.database]},
-        )
+        self.app.send_task(WAKE_TASK, (run_id, step_id, attempt), eta=at)
+        self.dispatched(step_id, attempt)
 
     def orchestrate(self, run_id: str, at: dt.datetime | None = None) -> None:
         self.app.send_task(ORCHESTRATE_TASK, (run_id,), eta=at)
@@ -116,7 +113,7 @@ class WorkflowEngine:
     def __init__(self, app: Celery, mirror: CeleryMirror) -> None:
         self.app = app
         self._mirror = mirror
-        self.dispatcher: Dispatcher = CeleryDispatcher(app, mirror.database_key)
+        self.dispatcher: Dispatcher = CeleryDispatcher(app, mirror.dispatched)
         self.workflows: dict[str, Workflow] = {}
         orchestrate, wake = as_task_function(self._orchestrate), as_task_function(self._wake)
         app.task(name=ORCHESTRATE_TASK, acks_late=True, ignore_result=True, shared=False)(

@@ -23,7 +23,7 @@ from pikku_celery import WorkflowStore
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper
-from pikku_celery.store import LOST_ERROR_TYPE, database_key
+from pikku_celery.store import LOST_ERROR_TYPE
 from tests.acceptance.conftest import AMQP_URL, address, port_open, redis_db
 from tests.conftest import service_missing
 from tests.support.threads import run_threads
@@ -71,13 +71,14 @@ def test_a_workflow_step_of_a_gone_worker_is_dispatched_again_under_the_same_att
     app: Celery, store: WorkflowStore
 ) -> None:
     run_id, step_id = _running_on_a_dead_worker(store, "workflow")
-    report = _reaper(app, store).reap()
+    sent: list[tuple[str, int]] = []
+    report = _reaper(app, store, dispatched=lambda *s: sent.append(s)).reap()
     assert [a.step_id for a in report.redispatched] == [step_id]
+    assert sent == [(step_id, 1)]
     assert report.awaiting_redelivery == [] and report.failed == []
     [headers] = _queued(app)
     assert (headers["id"], headers["task"], headers["retries"]) == (step_id, "reaped.charge", 0)
     assert headers[h.ORCHESTRATED] is True
-    assert headers[h.DISPATCH] == [step_id, 1, database_key(store.engine.url)]
     [attempt] = store.get_run_history(run_id)
     assert attempt.status == "lost" and attempt.error is not None
     assert attempt.error["type"] == LOST_ERROR_TYPE and attempt.error["redispatched"] is True
@@ -141,14 +142,12 @@ def test_a_claim_whose_message_never_went_out_is_sent_once(
     step_id = str(uuid.uuid4())
     assert store.claim_step(run_id, step_id, "charge", "reaped.charge", {"args": [7], "kwargs": {}})
     assert _reaper(app, store, claim_grace=60).reap().unsent_sent == []  # not overdue yet
-    report = _reaper(app, store, claim_grace=0).reap()
+    sent: list[tuple[str, int]] = []
+    report = _reaper(app, store, claim_grace=0, dispatched=lambda *s: sent.append(s)).reap()
     assert [c.step_id for c in report.unsent_sent] == [step_id]
     [headers] = _queued(app)
-    assert (headers["id"], headers[h.DISPATCH], headers[h.RUN_ID]) == (
-        step_id,
-        [step_id, 1, database_key(store.engine.url)],
-        run_id,
-    )
+    assert (headers["id"], headers[h.RUN_ID]) == (step_id, run_id)
+    assert sent == [(step_id, 1)]  # the mirror is told, and records the attempt published
     # Sent just now: its grace starts again, so the next pass sends nothing.
     assert _reaper(app, store, claim_grace=5).reap().unsent_sent == []
     assert len(_queued(app)) == 1
