@@ -103,7 +103,7 @@ def lone_task_batch(
 
 def apply_batches(store: WorkflowStore, batches: Sequence[MirrorBatch]) -> None:
     for batch in batches:
-        result = store.apply_batch(batch)
+        result = store.batches.apply_batch(batch)
         if result.missing:
             raise RuntimeError(f"apply_batch missed {len(result.missing)} steps")
 

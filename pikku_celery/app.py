@@ -169,7 +169,7 @@ class PikkuCelery:
         try:
             signature.apply_async()
         except Exception as exc:
-            self.store.settle_run(run_id, "failed", exc)
+            self.store.attempts.settle_run(run_id, "failed", exc)
             raise
         finally:
             signals.current_run.reset(token)

@@ -233,7 +233,7 @@ class Delivery:
     def _prune_ledger(self) -> None:
         before = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=LEDGER_DAYS)
         try:
-            self._store().prune_deliveries(before)
+            self._store().batches.prune_deliveries(before)
         except Exception:  # a later pass tries again; nothing depends on it now
             logger.warning(
                 "pikku-celery could not prune its ledger of counted deliveries",
@@ -297,7 +297,7 @@ class Delivery:
             return
         store = self._store()
         try:
-            result = store.apply_batch(plan(pending))
+            result = store.batches.apply_batch(plan(pending))
         except Exception as exc:
             if _an_outage(exc):
                 raise

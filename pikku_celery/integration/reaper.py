@@ -213,11 +213,13 @@ class Reaper:
     def reap(self) -> ReapReport:
         report = ReapReport()
         attempts = [
-            a for a in self.store.open_attempts(idle_for=self.idle_for) if self._ours(a.rpc_name)
+            a
+            for a in self.store.reaping.open_attempts(idle_for=self.idle_for)
+            if self._ours(a.rpc_name)
         ]
         claims = [
             c
-            for c in self.store.unsent_claims(older_than=self.claim_grace)
+            for c in self.store.reaping.unsent_claims(older_than=self.claim_grace)
             # A durable sleep's wake-up is sent by its workflow's replay.
             if c.run_kind == "workflow" and (self._ours(c.rpc_name) or c.rpc_name == SLEEP_RPC)
         ]
@@ -233,7 +235,7 @@ class Reaper:
                 self._judge(attempt, view, report)
             for claim in claims:
                 self._send_claim(claim, view, report)
-        report.stale = self.store.stale_scheduled(older_than=self.stale_after)
+        report.stale = self.store.reaping.stale_scheduled(older_than=self.stale_after)
         if report.stale:
             logger.warning(
                 "pikku-celery: %d scheduled steps have waited more than %ss for a worker; "
@@ -317,7 +319,7 @@ class Reaper:
         }
         if due is not None and not redispatch:
             error["redelivery_due_at"] = due.isoformat()
-        moved = self.store.mark_lost(
+        moved = self.store.reaping.mark_lost(
             attempt.step_id, attempt.attempt, attempt.delivery_count, error
         )
         if not moved:
@@ -354,7 +356,7 @@ class Reaper:
             # reaper), or dispatched and still not started after stale_after.
             if (
                 not error.get("redispatched") or _seconds_since(seen) > self.stale_after
-            ) and self.store.retake_lost(attempt.step_id, attempt.attempt, seen):
+            ) and self.store.reaping.retake_lost(attempt.step_id, attempt.attempt, seen):
                 self._send_step(attempt, attempt.attempt)
                 report.redispatched.append(attempt)
                 return
@@ -397,7 +399,7 @@ class Reaper:
     ) -> None:
         if claim.step_id in view.held or claim.step_id in view.journaled:
             return  # its message is out: a worker has it, or its dispatch is on the way to SQL
-        if claim.scheduled_at is None or not self.store.retake_claim(
+        if claim.scheduled_at is None or not self.store.reaping.retake_claim(
             claim.step_id, claim.attempt, claim.scheduled_at
         ):
             return
@@ -447,7 +449,7 @@ class Reaper:
                 else "publish the task again"
             )
             error = {**error, "message": f"{error.get('message', '')} {why}; {then}."}
-        if not self.store.give_up_lost(
+        if not self.store.reaping.give_up_lost(
             attempt.run_id,
             attempt.step_id,
             attempt.attempt,

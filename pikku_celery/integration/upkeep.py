@@ -82,7 +82,7 @@ class Upkeep:
     def started(self) -> float:
         """When this worker started, on the leases' clock: now there, less how long ago here."""
         began = self._began if self._began is not None else time.monotonic()
-        return self.mirror.store.lease_clock() - (time.monotonic() - began)
+        return self.mirror.store.leases.lease_clock() - (time.monotonic() - began)
 
     def start(self) -> None:
         if self._thread is not None:
@@ -144,7 +144,7 @@ class Upkeep:
 
     def _recover_now(self, after_failure: bool) -> None:
         # After a failure only a pass begun from now on counts: the failed one covered nothing.
-        self.recover_once(self.mirror.store.lease_clock() if after_failure else None)
+        self.recover_once(self.mirror.store.leases.lease_clock() if after_failure else None)
 
     # --- the reaper ------------------------------------------------------------------
 
@@ -156,7 +156,7 @@ class Upkeep:
         reaper = self._made_reaper
         # A holder that dies mid-pass blocks the others for about one interval at most.
         ttl = max(self.interval * 0.9, reaper.reply_timeout + 1.0)
-        taken = store.take_lease("reaper", self.holder, ttl, over_resting=at_start)
+        taken = store.leases.take_lease("reaper", self.holder, ttl, over_resting=at_start)
         if taken is None:
             return None
         begun = time.monotonic()
@@ -165,7 +165,7 @@ class Upkeep:
         finally:
             # Rests for the rest of the interval: one pass per interval, cluster-wide.
             rest = max(0.0, self.interval * 0.9 - (time.monotonic() - begun))
-            store.release_lease("reaper", self.holder, taken, hold=rest)
+            store.leases.release_lease("reaper", self.holder, taken, hold=rest)
 
     # --- recovery --------------------------------------------------------------------
 
@@ -180,27 +180,27 @@ class Upkeep:
         while not self._stop.is_set():
             # Taken only if no pass began since this worker started: one that did covers
             # this worker, even when it has ended by now.
-            taken = store.take_lease(
+            taken = store.leases.take_lease(
                 self.recovery_lease, self.holder, _RECOVERY_LEASE, if_taken_before=since
             )
             if taken is not None:
                 try:
                     count = self._recover(functools.partial(self._renew_recovery, taken))
                 finally:
-                    store.release_lease(self.recovery_lease, self.holder, taken)
+                    store.leases.release_lease(self.recovery_lease, self.holder, taken)
                 logger.info(
                     "pikku-celery recovery replayed %d unsettled workflow runs",
                     count,
                     extra={"action": "workflow_recovery", "runs": count},
                 )
                 return True
-            last = store.lease_taken_at(self.recovery_lease)
+            last = store.leases.lease_taken_at(self.recovery_lease)
             if last is not None and last >= since:
                 return False  # a pass that began after this worker started covers it
             self._stop.wait(_POLL)
         return False
 
     def _renew_recovery(self, generation: int) -> bool:
-        return self.mirror.store.renew_lease(
+        return self.mirror.store.leases.renew_lease(
             self.recovery_lease, self.holder, generation, _RECOVERY_LEASE
         )

@@ -7,9 +7,9 @@ from here, never from the store's modules (``make check`` holds them to it).
 from __future__ import annotations
 
 from pikku_celery.store.attempts import NewRun
-from pikku_celery.store.base import ErrorLike, now
 from pikku_celery.store.batch import Handover, MirrorBatch, NewStep, RunOutcome, StepTransition
 from pikku_celery.store.codec import error_document
+from pikku_celery.store.common import ErrorLike, now
 from pikku_celery.store.engine import (
     DEFAULT_DATABASE_URL,
     ENV_DATABASE_URL,
@@ -51,7 +51,7 @@ from pikku_celery.store.models import (
 )
 from pikku_celery.store.prune import DEFAULT_PRUNE_STATUSES, PruneCount
 from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts
-from pikku_celery.store.workflow_store import UNSET, WorkflowStore
+from pikku_celery.store.workflow_store import PUBLIC_METHODS, UNSET, WorkflowStore
 from pikku_celery.store.workflows import child_error
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "ENV_JOURNAL_DIR",
     "LOST_ERROR_TYPE",
     "NEXT_ATTEMPT_GAP",
+    "PUBLIC_METHODS",
     "RUN_STATUSES",
     "SETTLED_RUN_STATUSES",
     "SLEEP_RPC",

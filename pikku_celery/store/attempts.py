@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from pikku_celery.durations import format_duration
-from pikku_celery.errors import InvalidStatus, RunNotFound, StepNotFound, StoreError
-from pikku_celery.store.base import UNSET, ErrorLike, StoreBase, _Unset, like_prefix, new_id, now
-from pikku_celery.store.sql import attempts as aq
-from pikku_celery.store.sql import workflow_store as q
+from pikku_celery.errors import InvalidStatus, StepNotFound, StoreError
+from pikku_celery.store import sql
+from pikku_celery.store.common import UNSET, ErrorLike, Unset, new_id, now
+from pikku_celery.store.connector import Connector, by_dialect
+from pikku_celery.store.models import StepState
 
-__all__ = ["AttemptWrites", "NewRun"]
+__all__ = ["Attempts", "NewAttemptStatus", "NewRun"]
+
+NewAttemptStatus = Literal["pending", "scheduled", "running"]
+_NEW_ATTEMPT_STATUSES: Final = frozenset({"pending", "scheduled", "running"})
 
 _ATTEMPT_EVENTS: Final = frozenset({"scheduled", "running", "succeeded", "failed", "cancelled"})
 _ENDED: Final = frozenset({"succeeded", "failed", "cancelled"})
@@ -34,93 +37,16 @@ class NewRun:
     wire: Any = None
 
 
-class AttemptWrites(StoreBase):
-    def schedule_step(
-        self,
-        run_id: str,
-        step_id: str,
-        step_name: str,
-        rpc_name: str | None,
-        data: Any,
-        *,
-        from_step_name: str | None = None,
-        retries: int | None = None,
-        retry_delay: float | str | dt.timedelta | None = None,
-        eta: dt.datetime | None = None,
-        task_id: str | None = None,
-        new_run: NewRun | None = None,
-        conn: sa.Connection | None = None,
-    ) -> str | None:
-        """Record a published step as scheduled (attempt 1), creating its run if asked.
+class Attempts:
+    """Writes addressed to attempt K of a step, and the run outcomes they lead to."""
 
-        The step gets ``step_name``, or ``step_name#N`` when the run has that
-        name already. Returns the name it got, or None when ``step_id`` was
-        recorded before (a republish of the same message).
-        """
-        timestamp = now()
-        params = {
-            "run_id": run_id,
-            "step_id": step_id,
-            "base_name": step_name,
-            "name_pattern": like_prefix(step_name, "#%"),
-            "rpc_name": rpc_name,
-            "data": self._json(data, f"input of step {step_name!r}"),
-            "retries": retries,
-            "retry_delay": None if retry_delay is None else format_duration(retry_delay),
-            "from_step_name": from_step_name,
-            "parent_step_id": None,
-            "now": timestamp,
-            "history_id": new_id(),
-            "eta": eta,
-            "task_id": task_id,
-            "routing": None,
-        }
-        run_row = None
-        if new_run is not None:
-            params.update(
-                run_workflow=new_run.workflow,
-                run_input=self._json(new_run.input, "run input"),
-                run_wire=None if new_run.wire is None else self._json(new_run.wire, "wire"),
-            )
-            run_row = {
-                "workflow_run_id": run_id,
-                "workflow": new_run.workflow,
-                "status": "running",
-                "input": params["run_input"],
-                "state": "{}",
-                "inline": False,
-                "deterministic": False,
-                "wire": params["run_wire"],
-                "created_at": timestamp,
-                "updated_at": timestamp,
-            }
-        for _ in range(20):  # each loop lost a race for a name to another publisher
-            try:
-                if self._pg:
-                    with self._single(conn) as c:
-                        statement = aq.schedule_step_pg(new_run is not None)
-                        name = self._run_compiled(c, statement, params).scalar()
-                        if name is not None:
-                            return str(name)
-                        if c.execute(q.step_exists, {"step_id": step_id}).first() is not None:
-                            return None
-                    continue
-                with self._tx(conn) as c:
-                    if run_row is not None:
-                        c.execute(aq.insert_run_once(self.dialect), run_row)
-                    name = c.execute(aq.schedule_step(self.dialect), params).scalar()
-                    if name is not None:
-                        c.execute(aq.schedule_attempt(self.dialect), params)
-                        return str(name)
-                    if c.execute(q.step_exists, {"step_id": step_id}).first() is not None:
-                        return None
-            except StoreError as exc:
-                if isinstance(exc.__cause__, sa_exc.IntegrityError):
-                    raise RunNotFound(run_id) from exc.__cause__
-                raise
-        raise StoreError(
-            f"Could not find a free name for step {step_name!r} in run {run_id!r} after 20 "
-            "tries; give the step an explicit name."
+    def __init__(self, db: Connector) -> None:
+        self._db = db
+        self._record = by_dialect(
+            db.dialect, {"postgresql": self._record_pg, "sqlite": self._record_sqlite}
+        )
+        self._next_attempt = by_dialect(
+            db.dialect, {"postgresql": self._next_attempt_pg, "sqlite": self._next_attempt_sqlite}
         )
 
     def record_attempt(
@@ -170,23 +96,73 @@ class AttemptWrites(StoreBase):
             "retry_delay": None,
         }
         if status == "succeeded":
-            params["result"] = self._json(
-                None if isinstance(result, _Unset) else result, "step result"
+            params["result"] = self._db.json(
+                None if isinstance(result, Unset) else result, "step result"
             )
         elif status in ("failed", "cancelled"):
-            params["error"] = None if error is None else self._error_json(error)
+            params["error"] = None if error is None else self._db.error_json(error)
         try:
-            with self._single(conn) as c:
-                if not self._pg:
-                    c.execute(aq.record_attempt_step(status), params)
-                if self._pg:
-                    self._run_compiled(c, aq.record_attempt(self.dialect, status), params)
-                else:
-                    c.execute(aq.record_attempt(self.dialect, status), params)
+            with self._db.single(conn) as c:
+                self._record(c, status, params)
         except StoreError as exc:
             if isinstance(exc.__cause__, sa_exc.IntegrityError):
                 raise StepNotFound(step_id=step_id) from exc.__cause__
             raise
+
+    def _record_pg(self, c: sa.Connection, status: str, params: dict[str, Any]) -> None:
+        # The step row's update rides along in the same statement: one round trip.
+        self._db.run(c, sql.attempts.record_attempt("postgresql", status), params)
+
+    def _record_sqlite(self, c: sa.Connection, status: str, params: dict[str, Any]) -> None:
+        c.execute(sql.attempts.record_attempt_step(status), params)
+        c.execute(sql.attempts.record_attempt("sqlite", status), params)
+
+    def create_retry_attempt(
+        self,
+        step_id: str,
+        status: NewAttemptStatus = "pending",
+        *,
+        reason: str = "retry",
+        conn: sa.Connection | None = None,
+    ) -> StepState:
+        """Move the step to attempt n+1 and add that attempt's row, atomically.
+
+        ``reason`` is recorded on the attempt: ``retry``, ``resume``, ``rerun``...
+        """
+        if status not in _NEW_ATTEMPT_STATUSES:
+            raise InvalidStatus("new attempt", status, _NEW_ATTEMPT_STATUSES)
+        params = {"step_id": step_id, "now": now(), "history_id": new_id(), "reason": reason}
+        with self._db.single(conn) as c:
+            row = self._next_attempt(c, status, params)
+        if row is None:
+            raise StepNotFound(step_id=step_id)
+        return StepState.from_row(row)
+
+    @staticmethod
+    def _next_attempt_pg(
+        c: sa.Connection, status: str, params: dict[str, Any]
+    ) -> sa.RowMapping | None:
+        return c.execute(sql.attempts.retry_attempt_pg(status), params).mappings().first()
+
+    @staticmethod
+    def _next_attempt_sqlite(
+        c: sa.Connection, status: str, params: dict[str, Any]
+    ) -> sa.RowMapping | None:
+        row = c.execute(sql.attempts.retry_attempt_sqlite(status), params).mappings().first()
+        if row is not None:
+            attempt: dict[str, Any] = {
+                "history_id": params["history_id"],
+                "workflow_step_id": params["step_id"],
+                "status": status,
+                "attempt": row["current_attempt"],
+                "created_at": params["now"],
+                "reason": params["reason"],
+            }
+            stamp = sql.attempts.TIMESTAMP_COLUMN[status]
+            if stamp is not None:
+                attempt[stamp] = params["now"]
+            c.execute(sql.attempts.insert_attempt, attempt)
+        return row
 
     def complete_run_if_done(self, run_id: str, *, conn: sa.Connection | None = None) -> bool:
         """Complete the run if every step of it has succeeded; its output is its last step's.
@@ -194,9 +170,9 @@ class AttemptWrites(StoreBase):
         The last step is the newest one that no other step follows.
         """
         params = {"run_id": run_id, "now": now()}
-        with self._tx(conn) as c:
-            c.execute(aq.touch_run, params)
-            return bool(c.execute(aq.complete_run_if_done, params).rowcount)
+        with self._db.write(conn) as c:
+            c.execute(sql.attempts.touch_run, params)
+            return bool(c.execute(sql.attempts.complete_run_if_done, params).rowcount)
 
     def settle_run(
         self,
@@ -212,8 +188,8 @@ class AttemptWrites(StoreBase):
         params = {
             "run_id": run_id,
             "new_status": status,
-            "error": None if error is None else self._error_json(error),
+            "error": None if error is None else self._db.error_json(error),
             "now": now(),
         }
-        with self._single(conn) as c:
-            return bool(c.execute(aq.settle_run, params).rowcount)
+        with self._db.single(conn) as c:
+            return bool(c.execute(sql.attempts.settle_run, params).rowcount)

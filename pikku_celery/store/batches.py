@@ -9,18 +9,16 @@ forward, and deliveries are counted through a ledger of event ids.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import fcntl
 import json
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
 from pikku_celery.durations import stored_duration
 from pikku_celery.errors import InvalidStatus
-from pikku_celery.store.base import StoreBase, like_prefix, new_id
+from pikku_celery.store import sql
 from pikku_celery.store.batch import (
     TRANSITION_STATUSES,
     BatchResult,
@@ -30,10 +28,10 @@ from pikku_celery.store.batch import (
     RunOutcome,
     StepTransition,
 )
-from pikku_celery.store.sql import attempts as aq
-from pikku_celery.store.sql import batches as bq
+from pikku_celery.store.common import like_prefix, new_id
+from pikku_celery.store.connector import Connector, by_dialect
 
-__all__ = ["BatchWrites"]
+__all__ = ["Batches"]
 
 
 def _iso(value: Any) -> str:
@@ -46,40 +44,30 @@ def _is_workflow(wire: Any) -> bool:
     return isinstance(wire, dict) and wire.get("type") == "workflow"
 
 
-class BatchWrites(StoreBase):
+class Batches:
+    """The mirror's port: a batch of events' rows in one transaction."""
+
+    def __init__(self, db: Connector) -> None:
+        self._db = db
+        writes: dict[str, Callable[[Connector], _DialectWrites]] = {
+            "postgresql": _PostgresWrites,
+            "sqlite": _SqliteWrites,
+        }
+        self._sql = by_dialect(db.dialect, writes)(db)
+
     def apply_batch(self, batch: MirrorBatch, *, conn: sa.Connection | None = None) -> BatchResult:
         """Write a batch in one transaction (the caller's, if given); see :class:`BatchResult`."""
         for transition in batch.transitions:
             if transition.status not in TRANSITION_STATUSES:
                 raise InvalidStatus("attempt", transition.status, TRANSITION_STATUSES)
-        with self._writers_in_turn(conn), self._tx(conn) as c:
+        with self._db.writers_in_turn(conn), self._db.write(conn) as c:
             return self._apply(c, batch)
-
-    @contextlib.contextmanager
-    def _writers_in_turn(self, conn: sa.Connection | None) -> Iterator[None]:
-        """SQLite: batches of several processes take the database's write lock in turn.
-
-        SQLite has one writer at a time, and a writer that finds the lock taken
-        sleeps in growing steps (up to 100 ms) before it looks again; an flock on a
-        file beside the database queues them instead, each woken the moment the
-        one before it commits.
-        """
-        path = self.engine.url.database if not self._pg and conn is None else None
-        if not path or path == ":memory:" or path.startswith("file:"):
-            yield
-            return
-        with open(f"{path}-pikku-writers", "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def prune_deliveries(self, before: dt.datetime) -> int:
         """Forget counted deliveries older than ``before`` (a journal older than that is
         no longer protected against counting its deliveries twice)."""
-        with self._tx(None) as c:
-            return int(c.execute(bq.prune_deliveries, {"before": before}).rowcount)
+        with self._db.write(None) as c:
+            return int(c.execute(sql.batches.prune_deliveries, {"before": before}).rowcount)
 
     # --- the steps of one batch ---------------------------------------------------
 
@@ -91,8 +79,7 @@ class BatchWrites(StoreBase):
         known: dict[str, tuple[int, str, Any]] = {}
         lookup = sorted(wanted - new_ids)
         if lookup:
-            query = bq.known_steps_pg if self._pg else bq.known_steps
-            for step_id, attempt, run_id, wire in c.execute(query, {"step_ids": lookup}):
+            for step_id, attempt, run_id, wire in self._sql.known_steps(c, lookup):
                 known[step_id] = (int(attempt or 1), run_id, wire)
 
         placed, missing = self._place_steps(c, batch.steps, known)
@@ -129,9 +116,7 @@ class BatchWrites(StoreBase):
         runs_needed = sorted({s.run_id for s in new if s.run_workflow is None} - made_runs)
         existing_runs = made_runs
         if runs_needed:
-            query = bq.known_runs_pg if self._pg else bq.known_runs
-            found = c.execute(query, {"run_ids": runs_needed}).scalars()
-            existing_runs = made_runs | set(found)
+            existing_runs = made_runs | self._sql.known_runs(c, runs_needed)
         placed: list[NewStep] = []
         missing: set[str] = set()
         present = set(known)
@@ -172,43 +157,12 @@ class BatchWrites(StoreBase):
             }
             for s in placed
         ]
-        if self._pg:
-            # Steps of lone tasks bring their run; the two shapes never share a run,
-            # so sending each shape as its own batch keeps names in publish order.
-            for with_run in (True, False):
-                same = [
-                    r
-                    for r, s in zip(rows, placed, strict=True)
-                    if (s.run_workflow is not None) is with_run
-                ]
-                self._run_compiled_many(c, aq.schedule_step_pg(with_run), same)
-            return self._not_written(c, placed)
-        run_rows = [
-            {
-                "workflow_run_id": r["run_id"],
-                "workflow": r["run_workflow"],
-                "status": "running",
-                "input": r["run_input"],
-                "state": "{}",
-                "inline": False,
-                "deterministic": False,
-                "wire": r["run_wire"],
-                "created_at": r["now"],
-                "updated_at": r["now"],
-            }
-            for r in rows
-            if r["run_workflow"] is not None
-        ]
-        if run_rows:
-            c.execute(aq.insert_run_once(self.dialect), run_rows)
-        self._run_compiled_many(c, aq.schedule_step(self.dialect), rows)
-        self._run_compiled_many(c, aq.schedule_attempt(self.dialect), rows)
+        self._sql.write_steps(c, rows, placed)
         return self._not_written(c, placed)
 
     def _not_written(self, c: sa.Connection, placed: Sequence[NewStep]) -> set[str]:
         ids = sorted({s.step_id for s in placed})
-        query = bq.steps_present_pg if self._pg else bq.steps_present
-        return set(ids) - set(c.execute(query, {"step_ids": ids}).scalars())
+        return set(ids) - self._sql.steps_present(c, ids)
 
     def _count_deliveries(
         self, c: sa.Connection, transitions: Iterable[StepTransition]
@@ -220,10 +174,7 @@ class BatchWrites(StoreBase):
         ]
         if not rows:
             return set()
-        if self._pg:
-            text = json.dumps(rows, default=_iso)
-            return set(self._run_compiled(c, bq.count_deliveries_pg, {"rows": text}).scalars())
-        return set(c.execute(bq.count_deliveries(self.dialect), rows).scalars())
+        return self._sql.count_deliveries(c, rows)
 
     def _write_transitions(
         self,
@@ -263,13 +214,7 @@ class BatchWrites(StoreBase):
         # One transition per attempt, so the order between statuses does not
         # matter: each statement's guard decides alone whether it moves a row.
         for status, keyed in by_status.items():
-            rows = list(keyed.values())
-            if self._pg:
-                ids = sorted({row["step_id"] for row in rows})
-                self._set(c, bq.record_attempts_pg(status), rows, step_ids=ids)
-                continue
-            self._run_compiled_many(c, aq.record_attempt_step(status), rows)
-            self._run_compiled_many(c, aq.record_attempt(self.dialect, status), rows)
+            self._sql.write_transitions(c, status, list(keyed.values()))
 
     def _write_handovers(self, c: sa.Connection, handovers: Sequence[Handover]) -> None:
         # After the transitions: the replaced attempt's own start is in the same batch
@@ -279,7 +224,7 @@ class BatchWrites(StoreBase):
             for h in handovers
         ]
         if rows:
-            c.execute(bq.hand_over_attempt, rows)
+            c.execute(sql.batches.hand_over_attempt, rows)
 
     def _write_outcomes(
         self,
@@ -305,41 +250,152 @@ class BatchWrites(StoreBase):
                     run_id,
                     {"run_id": run_id, "new_status": o.kind, "error": o.error_json, "now": o.at},
                 )
-        if self._pg:
-            self._outcomes_pg(c, complete, list(settle.values()))
-            return replay
-        if settle:
-            self._run_compiled_many(c, aq.settle_run, list(settle.values()))
-        if complete:
-            rows = [{"run_id": run_id, "now": at} for run_id, at in sorted(complete.items())]
-            # Touched first, in one order: two batches finishing steps of the same
-            # runs lock them in the same order and never deadlock.
-            self._run_compiled_many(c, aq.touch_run, rows)
-            self._run_compiled_many(c, aq.complete_run_if_done, rows)
+        self._sql.write_outcomes(c, complete, list(settle.values()))
         return replay
 
-    def _outcomes_pg(
+
+class _DialectWrites(Protocol):
+    """How one dialect sends each kind of a batch's statements."""
+
+    def known_steps(self, c: sa.Connection, step_ids: list[str]) -> Iterable[Any]: ...
+
+    def known_runs(self, c: sa.Connection, run_ids: list[str]) -> set[str]: ...
+
+    def steps_present(self, c: sa.Connection, step_ids: list[str]) -> set[str]: ...
+
+    def write_steps(
+        self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
+    ) -> None: ...
+
+    def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]: ...
+
+    def write_transitions(
+        self, c: sa.Connection, status: str, rows: list[dict[str, Any]]
+    ) -> None: ...
+
+    def write_outcomes(
+        self, c: sa.Connection, complete: dict[str, dt.datetime], settle: list[dict[str, Any]]
+    ) -> None: ...
+
+
+class _PostgresWrites:
+    """Set-based: each kind of row is one statement over a JSON array, one round trip."""
+
+    def __init__(self, db: Connector) -> None:
+        self._db = db
+
+    def known_steps(self, c: sa.Connection, step_ids: list[str]) -> Iterable[Any]:
+        return c.execute(sql.batches.known_steps_pg, {"step_ids": step_ids})
+
+    def known_runs(self, c: sa.Connection, run_ids: list[str]) -> set[str]:
+        return set(c.execute(sql.batches.known_runs_pg, {"run_ids": run_ids}).scalars())
+
+    def steps_present(self, c: sa.Connection, step_ids: list[str]) -> set[str]:
+        return set(c.execute(sql.batches.steps_present_pg, {"step_ids": step_ids}).scalars())
+
+    def write_steps(
+        self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
+    ) -> None:
+        # Steps of lone tasks bring their run; the two shapes never share a run,
+        # so sending each shape as its own batch keeps names in publish order.
+        for with_run in (True, False):
+            same = [
+                r
+                for r, s in zip(rows, placed, strict=True)
+                if (s.run_workflow is not None) is with_run
+            ]
+            self._db.run_many(c, sql.attempts.schedule_step_pg(with_run), same)
+
+    def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]:
+        text = json.dumps(rows, default=_iso)
+        return set(self._db.run(c, sql.batches.count_deliveries_pg, {"rows": text}).scalars())
+
+    def write_transitions(self, c: sa.Connection, status: str, rows: list[dict[str, Any]]) -> None:
+        ids = sorted({row["step_id"] for row in rows})
+        self._set(c, sql.batches.record_attempts_pg(status), rows, step_ids=ids)
+
+    def write_outcomes(
         self, c: sa.Connection, complete: dict[str, dt.datetime], settle: list[dict[str, Any]]
     ) -> None:
         ended = sorted({r["run_id"] for r in settle} | set(complete))
         if not ended:
             return
         # Every run the batch ends is locked first, in id order (after its steps).
-        self._run_compiled(c, bq.lock_runs_pg, {"run_ids": ended})
+        self._db.run(c, sql.batches.lock_runs_pg, {"run_ids": ended})
         if settle:
             rows = [
                 {"run_id": r["run_id"], "now": r["now"], "status": r["new_status"]}
                 | {"error": r["error"]}
                 for r in settle
             ]
-            self._set(c, bq.settle_runs_pg, rows, run_ids=sorted({r["run_id"] for r in rows}))
+            ids = sorted({r["run_id"] for r in rows})
+            self._set(c, sql.batches.settle_runs_pg, rows, run_ids=ids)
         if complete:
             rows = [{"run_id": run_id, "now": at} for run_id, at in complete.items()]
-            self._set(c, bq.complete_runs_pg, rows, run_ids=sorted(complete))
+            self._set(c, sql.batches.complete_runs_pg, rows, run_ids=sorted(complete))
 
     def _set(
         self, c: sa.Connection, statement: sa.Executable, rows: list[dict[str, Any]], **ids: Any
     ) -> None:
-        """PostgreSQL: one statement for all the rows, sent as one JSON array."""
+        """One statement for all the rows, sent as one JSON array."""
         if rows:
-            self._run_compiled(c, statement, {"rows": json.dumps(rows, default=_iso), **ids})
+            self._db.run(c, statement, {"rows": json.dumps(rows, default=_iso), **ids})
+
+
+class _SqliteWrites:
+    """One ``executemany`` per kind of row: no round trips to save in a file."""
+
+    def __init__(self, db: Connector) -> None:
+        self._db = db
+
+    def known_steps(self, c: sa.Connection, step_ids: list[str]) -> Iterable[Any]:
+        return c.execute(sql.batches.known_steps, {"step_ids": step_ids})
+
+    def known_runs(self, c: sa.Connection, run_ids: list[str]) -> set[str]:
+        return set(c.execute(sql.batches.known_runs, {"run_ids": run_ids}).scalars())
+
+    def steps_present(self, c: sa.Connection, step_ids: list[str]) -> set[str]:
+        return set(c.execute(sql.batches.steps_present, {"step_ids": step_ids}).scalars())
+
+    def write_steps(
+        self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
+    ) -> None:
+        run_rows = [
+            {
+                "workflow_run_id": r["run_id"],
+                "workflow": r["run_workflow"],
+                "status": "running",
+                "input": r["run_input"],
+                "state": "{}",
+                "inline": False,
+                "deterministic": False,
+                "wire": r["run_wire"],
+                "created_at": r["now"],
+                "updated_at": r["now"],
+            }
+            for r in rows
+            if r["run_workflow"] is not None
+        ]
+        if run_rows:
+            c.execute(sql.attempts.insert_run_once("sqlite"), run_rows)
+        self._db.run_many(c, sql.attempts.schedule_step("sqlite"), rows)
+        self._db.run_many(c, sql.attempts.schedule_attempt("sqlite"), rows)
+
+    def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]:
+        return set(c.execute(sql.batches.count_deliveries("sqlite"), rows).scalars())
+
+    def write_transitions(self, c: sa.Connection, status: str, rows: list[dict[str, Any]]) -> None:
+        self._db.run_many(c, sql.attempts.record_attempt_step(status), rows)
+        self._db.run_many(c, sql.attempts.record_attempt("sqlite", status), rows)
+
+    def write_outcomes(
+        self, c: sa.Connection, complete: dict[str, dt.datetime], settle: list[dict[str, Any]]
+    ) -> None:
+        if settle:
+            self._db.run_many(c, sql.attempts.settle_run, settle)
+        if complete:
+            rows = [{"run_id": run_id, "now": at} for run_id, at in sorted(complete.items())]
+            # Touched first, in one order: two batches finishing steps of the same
+            # runs lock them in the same order and never deadlock.
+            self._db.run_many(c, sql.attempts.touch_run, rows)
+            self._db.run_many(c, sql.attempts.complete_run_if_done, rows)

@@ -7,19 +7,26 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
+from pikku_celery.durations import format_duration
 from pikku_celery.errors import InvalidStatus, StepNotFound
-from pikku_celery.store.attempts import AttemptWrites
-from pikku_celery.store.base import UNSET, ErrorLike, _Unset, now
+from pikku_celery.store import sql
+from pikku_celery.store.attempts import Attempts
+from pikku_celery.store.common import UNSET, ErrorLike, Unset, new_id, now
+from pikku_celery.store.connector import Connector
 from pikku_celery.store.models import RUN_STATUSES, StepState
-from pikku_celery.store.sql import claims as cq
-from pikku_celery.store.sql import workflow_store as q
 
-__all__ = ["ClaimWrites"]
+__all__ = ["Claims"]
 
 _CLAIM_STATUSES: Final = frozenset({"scheduled", "succeeded", "failed"})
 
 
-class ClaimWrites(AttemptWrites):
+class Claims:
+    """Claims on steps: the one replay that creates a step dispatches it."""
+
+    def __init__(self, db: Connector, attempts: Attempts) -> None:
+        self._db = db
+        self._attempts = attempts
+
     def claim_step(
         self,
         run_id: str,
@@ -49,15 +56,15 @@ class ClaimWrites(AttemptWrites):
         timestamp = now()
         outcome: dict[str, Any] = {"result": None, "error": None}
         if status == "succeeded":
-            outcome["result"] = self._json(result, f"result of step {step_name!r}")
+            outcome["result"] = self._db.json(result, f"result of step {step_name!r}")
         elif status == "failed":
-            outcome["error"] = None if error is None else self._error_json(error)
-        step, attempt = self._first_attempt_rows(
+            outcome["error"] = None if error is None else self._db.error_json(error)
+        step, attempt = first_attempt_rows(
             step_id=step_id,
             run_id=run_id,
             step_name=step_name,
             rpc_name=rpc_name,
-            data=data,
+            data=self._db.json(data, f"input of step {step_name!r}"),
             status=status,
             retries=retries,
             retry_delay=retry_delay,
@@ -70,12 +77,12 @@ class ClaimWrites(AttemptWrites):
             attempt["scheduled_at"] = timestamp
         else:
             attempt["running_at"] = started_at or timestamp
-            attempt[q.TIMESTAMP_COLUMN[status] or "failed_at"] = timestamp
+            attempt[sql.attempts.TIMESTAMP_COLUMN[status] or "failed_at"] = timestamp
             attempt["delivery_count"] = 1
-        with self._tx(conn) as c:
-            if c.execute(cq.claim_step(self.dialect), step).first() is None:
+        with self._db.write(conn) as c:
+            if c.execute(sql.claims.claim_step(self._db.dialect), step).first() is None:
                 return False
-            c.execute(q.insert_attempt, attempt)
+            c.execute(sql.attempts.insert_attempt, attempt)
         return True
 
     def take_pending_step(
@@ -88,16 +95,16 @@ class ClaimWrites(AttemptWrites):
     ) -> bool:
         """Move a pending step (made so by resume or rerun) to scheduled; True for the winner."""
         params = {"step_id": step_id, "attempt_no": attempt, "now": now()}
-        with self._tx(conn) as c:
-            if c.execute(cq.take_pending, params).rowcount == 0:
+        with self._db.write(conn) as c:
+            if c.execute(sql.claims.take_pending, params).rowcount == 0:
                 return False
-            self.record_attempt(step_id, attempt, "scheduled", eta=eta, conn=c)
+            self._attempts.record_attempt(step_id, attempt, "scheduled", eta=eta, conn=c)
         return True
 
     def get_step(self, step_id: str, *, conn: sa.Connection | None = None) -> StepState:
         """A step by its id (for a Celery step, its task id): one query."""
-        with self._read(conn) as c:
-            row = c.execute(cq.get_step, {"step_id": step_id}).mappings().first()
+        with self._db.read(conn) as c:
+            row = c.execute(sql.claims.get_step, {"step_id": step_id}).mappings().first()
         if row is None:
             raise StepNotFound(step_id=step_id)
         return StepState.from_row(row)
@@ -120,9 +127,48 @@ class ClaimWrites(AttemptWrites):
             "run_id": run_id,
             "new_status": status,
             "from_statuses": list(from_statuses),
-            "output": None if isinstance(output, _Unset) else self._json(output, "run output"),
-            "error": None if error is None else self._error_json(error),
+            "output": None if isinstance(output, Unset) else self._db.json(output, "run output"),
+            "error": None if error is None else self._db.error_json(error),
             "now": now(),
         }
-        with self._single(conn) as c:
-            return bool(c.execute(cq.move_run, params).rowcount)
+        with self._db.single(conn) as c:
+            return bool(c.execute(sql.claims.move_run, params).rowcount)
+
+
+def first_attempt_rows(
+    *,
+    step_id: str,
+    run_id: str,
+    step_name: str,
+    rpc_name: str | None,
+    data: str,
+    status: str,
+    retries: int | None,
+    retry_delay: float | str | dt.timedelta | None,
+    from_step_name: str | None,
+    timestamp: dt.datetime,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The rows of a new step (``data`` already JSON) and of its attempt 1, before any
+    status stamp."""
+    step = {
+        "workflow_step_id": step_id,
+        "workflow_run_id": run_id,
+        "step_name": step_name,
+        "rpc_name": rpc_name,
+        "data": data,
+        "status": status,
+        "retries": retries,
+        "retry_delay": None if retry_delay is None else format_duration(retry_delay),
+        "from_step_name": from_step_name,
+        "current_attempt": 1,
+        "created_at": timestamp,
+        "updated_at": timestamp,
+    }
+    attempt = {
+        "history_id": new_id(),
+        "workflow_step_id": step_id,
+        "status": status,
+        "attempt": 1,
+        "created_at": timestamp,
+    }
+    return step, attempt

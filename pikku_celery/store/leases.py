@@ -15,13 +15,18 @@ import time
 import sqlalchemy as sa
 
 from pikku_celery.errors import ConfigurationError
-from pikku_celery.store.base import StoreBase
-from pikku_celery.store.sql import leases as lq
+from pikku_celery.store import sql
+from pikku_celery.store.connector import Connector
 
-__all__ = ["LeaseWrites"]
+__all__ = ["Leases"]
 
 
-class LeaseWrites(StoreBase):
+class Leases:
+    """Leases: one holder at a time across every process on every machine."""
+
+    def __init__(self, db: Connector) -> None:
+        self._db = db
+
     def take_lease(
         self,
         name: str,
@@ -50,8 +55,8 @@ class LeaseWrites(StoreBase):
             "over_resting": over_resting,
             "if_taken_before": if_taken_before,
         }
-        with self._tx(conn) as c:
-            got = c.execute(lq.take(self.dialect), params).scalar()
+        with self._db.write(conn) as c:
+            got = c.execute(sql.leases.take(self._db.dialect), params).scalar()
         return None if got is None else int(got)
 
     def renew_lease(
@@ -64,7 +69,9 @@ class LeaseWrites(StoreBase):
         conn: sa.Connection | None = None,
     ) -> bool:
         """Extend the lease ``ttl`` seconds from now; False if ``holder`` lost it meanwhile."""
-        return self._held_lease(lq.renew(self.dialect), name, holder, generation, ttl, conn)
+        return self._held_lease(
+            sql.leases.renew(self._db.dialect), name, holder, generation, ttl, conn
+        )
 
     def release_lease(
         self,
@@ -76,7 +83,9 @@ class LeaseWrites(StoreBase):
         conn: sa.Connection | None = None,
     ) -> bool:
         """Give the lease up, at once or after ``hold`` more seconds; False if not held."""
-        return self._held_lease(lq.release(self.dialect), name, holder, generation, hold, conn)
+        return self._held_lease(
+            sql.leases.release(self._db.dialect), name, holder, generation, hold, conn
+        )
 
     def _held_lease(
         self,
@@ -94,23 +103,25 @@ class LeaseWrites(StoreBase):
             "ttl": float(ttl),
             "now": time.time(),
         }
-        with self._tx(conn) as c:
+        with self._db.write(conn) as c:
             return bool(c.execute(statement, params).rowcount)
 
     def lease_generation(self, name: str, *, conn: sa.Connection | None = None) -> int:
         """How many times the lease was ever taken (0: never)."""
-        with self._read(conn) as c:
-            got = c.execute(lq.generation, {"lease": name}).scalar()
+        with self._db.read(conn) as c:
+            got = c.execute(sql.leases.generation, {"lease": name}).scalar()
         return 0 if got is None else int(got)
 
     def lease_taken_at(self, name: str, *, conn: sa.Connection | None = None) -> float | None:
         """When the lease was last taken, on :meth:`lease_clock`; None: never."""
-        with self._read(conn) as c:
-            got = c.execute(lq.taken_at, {"lease": name}).scalar()
+        with self._db.read(conn) as c:
+            got = c.execute(sql.leases.taken_at, {"lease": name}).scalar()
         return None if got is None else float(got)
 
     def lease_clock(self, *, conn: sa.Connection | None = None) -> float:
         """Now on the clock leases are kept by: the server's on PostgreSQL, this machine's on
         SQLite (seconds since the epoch)."""
-        with self._read(conn) as c:
-            return float(c.execute(lq.now(self.dialect), {"now": time.time()}).scalar_one())
+        with self._db.read(conn) as c:
+            return float(
+                c.execute(sql.leases.now(self._db.dialect), {"now": time.time()}).scalar_one()
+            )

@@ -8,19 +8,18 @@ made before an interruption stays made.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
 import sqlalchemy as sa
 
 from pikku_celery.errors import InvalidStatus
-from pikku_celery.store.base import StoreBase
+from pikku_celery.store import sql
+from pikku_celery.store.connector import Connector
 from pikku_celery.store.models import RUN_STATUSES, SETTLED_RUN_STATUSES
-from pikku_celery.store.sql import prune as pq
 
-__all__ = ["DEFAULT_PRUNE_STATUSES", "PruneCount", "StorePrune"]
+__all__ = ["DEFAULT_PRUNE_STATUSES", "PruneCount", "Pruning"]
 
 DEFAULT_PRUNE_STATUSES: Final = tuple(sorted(SETTLED_RUN_STATUSES))
 
@@ -56,7 +55,12 @@ def _check_before(before: dt.datetime) -> None:
         raise ValueError("`before` must be an aware datetime (UTC), not a naive one.")
 
 
-class StorePrune(StoreBase):
+class Pruning:
+    """Deleting settled runs in batches, each batch its own short transaction."""
+
+    def __init__(self, db: Connector) -> None:
+        self._db = db
+
     def count_prunable(
         self,
         before: dt.datetime,
@@ -67,8 +71,8 @@ class StorePrune(StoreBase):
         """How many runs (steps, attempts) in ``statuses`` were created before ``before``."""
         _check_before(before)
         params = {"statuses": _settled(statuses), "before": before}
-        with self._read(conn) as c:
-            row = c.execute(pq.count_prunable, params).one()
+        with self._db.read(conn) as c:
+            row = c.execute(sql.prune.count_prunable, params).one()
         return PruneCount(int(row.runs), int(row.steps), int(row.attempts))
 
     def count_prunable_runs(
@@ -81,8 +85,8 @@ class StorePrune(StoreBase):
         """How many runs ``count_prunable`` would count, without reading their steps."""
         _check_before(before)
         params = {"statuses": _settled(statuses), "before": before}
-        with self._read(conn) as c:
-            return int(c.execute(pq.count_prunable_runs, params).scalar_one())
+        with self._db.read(conn) as c:
+            return int(c.execute(sql.prune.count_prunable_runs, params).scalar_one())
 
     def prune_batch(
         self,
@@ -105,17 +109,17 @@ class StorePrune(StoreBase):
             "statuses": chosen,
             "before": before,
             "limit": limit,
-            **pq.status_params(chosen),
+            **sql.prune.status_params(chosen),
         }
-        with self._write(conn) as c:
-            candidates = list(c.execute(pq.oldest_prunable(len(chosen)), params).scalars())
+        with self._db.locked_write(conn) as c:
+            candidates = list(c.execute(sql.prune.oldest_prunable(len(chosen)), params).scalars())
             if not candidates:
                 return PruneCount()
-            ids = list(c.execute(pq.lock_batch, {**params, "ids": candidates}).scalars())
+            ids = list(c.execute(sql.prune.lock_batch, {**params, "ids": candidates}).scalars())
             if not ids:
                 return PruneCount()
-            children = c.execute(pq.count_batch_children, {"ids": ids}).one()
-            deleted = c.execute(pq.delete_runs, {**params, "ids": ids}).rowcount
+            children = c.execute(sql.prune.count_batch_children, {"ids": ids}).one()
+            deleted = c.execute(sql.prune.delete_runs, {**params, "ids": ids}).rowcount
         return PruneCount(deleted, int(children.steps), int(children.attempts))
 
     def prune(
@@ -139,15 +143,3 @@ class StorePrune(StoreBase):
             total += batch
             if on_batch is not None:
                 on_batch(total)
-
-    @contextmanager
-    def _write(self, conn: sa.Connection | None) -> Iterator[sa.Connection]:
-        """A transaction of its own (unless given one) that holds the write lock from the start."""
-        if conn is not None or self._pg:
-            with self._tx(conn) as c:
-                yield c
-            return
-        with self._errors(), self.engine.connect() as own:
-            own.exec_driver_sql(pq.SQLITE_BEGIN_WRITE)
-            yield own
-            own.commit()

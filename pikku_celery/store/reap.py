@@ -13,22 +13,29 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pikku_celery.store.attempts import AttemptWrites
-from pikku_celery.store.base import now
+from pikku_celery.store import sql
+from pikku_celery.store.attempts import Attempts
+from pikku_celery.store.common import now
+from pikku_celery.store.connector import Connector
 from pikku_celery.store.models import NEXT_ATTEMPT_GAP, OpenAttempt, StaleStep, UnsentClaim
-from pikku_celery.store.sql import reap as rq
 
-__all__ = ["StoreReap"]
+__all__ = ["Reaping"]
 
 
-class StoreReap(AttemptWrites):
+class Reaping:
+    """The reaper's reads and guarded writes: open attempts, lost ones, unsent claims."""
+
+    def __init__(self, db: Connector, attempts: Attempts) -> None:
+        self._db = db
+        self._attempts = attempts
+
     def open_attempts(
         self, *, idle_for: float = 0.0, limit: int = 1000, conn: sa.Connection | None = None
     ) -> list[OpenAttempt]:
         """Current attempts that are ``running`` or ``lost`` and unchanged for ``idle_for`` s."""
         before = now() - dt.timedelta(seconds=idle_for)
-        with self._read(conn) as c:
-            rows = c.execute(rq.open_attempts, {"before": before, "limit": limit}).mappings()
+        with self._db.read(conn) as c:
+            rows = c.execute(sql.reap.open_attempts, {"before": before, "limit": limit}).mappings()
             return [OpenAttempt.from_row(row) for row in rows]
 
     def stale_scheduled(
@@ -36,8 +43,10 @@ class StoreReap(AttemptWrites):
     ) -> list[StaleStep]:
         """Scheduled steps whose message nobody consumed for ``older_than`` seconds."""
         before = now() - dt.timedelta(seconds=older_than)
-        with self._read(conn) as c:
-            rows = c.execute(rq.stale_scheduled, {"before": before, "limit": limit}).mappings()
+        with self._db.read(conn) as c:
+            rows = c.execute(
+                sql.reap.stale_scheduled, {"before": before, "limit": limit}
+            ).mappings()
             return [StaleStep.from_row(row) for row in rows]
 
     def unsent_claims(
@@ -45,8 +54,8 @@ class StoreReap(AttemptWrites):
     ) -> list[UnsentClaim]:
         """Steps claimed by a replay ``older_than`` seconds ago whose message never went out."""
         before = now() - dt.timedelta(seconds=older_than)
-        with self._read(conn) as c:
-            rows = c.execute(rq.unsent_claims, {"before": before, "limit": limit}).mappings()
+        with self._db.read(conn) as c:
+            rows = c.execute(sql.reap.unsent_claims, {"before": before, "limit": limit}).mappings()
             return [UnsentClaim.from_row(row) for row in rows]
 
     def retake_claim(
@@ -57,8 +66,8 @@ class StoreReap(AttemptWrites):
         ``seen``: the claim's ``scheduled_at`` as the caller read it.
         """
         params = {"step_id": step_id, "attempt_no": attempt, "seen": seen, "now": now()}
-        with self._single(conn) as c:
-            return bool(c.execute(rq.retake_unsent, params).rowcount)
+        with self._db.single(conn) as c:
+            return bool(c.execute(sql.reap.retake_unsent, params).rowcount)
 
     def retake_lost(
         self, step_id: str, attempt: int, seen: dt.datetime, *, conn: sa.Connection | None = None
@@ -68,8 +77,8 @@ class StoreReap(AttemptWrites):
         ``seen``: the step's ``updated_at`` as the caller read it.
         """
         params = {"step_id": step_id, "attempt_no": attempt, "seen": seen, "now": now()}
-        with self._single(conn) as c:
-            return bool(c.execute(rq.retake_lost, params).rowcount)
+        with self._db.single(conn) as c:
+            return bool(c.execute(sql.reap.retake_lost, params).rowcount)
 
     def unsettled_runs(
         self,
@@ -83,8 +92,8 @@ class StoreReap(AttemptWrites):
         if not workflows:
             return []
         params = {"workflows": workflows, "after": after, "limit": limit}
-        with self._read(conn) as c:
-            return [str(run_id) for run_id in c.execute(rq.unsettled_runs, params).scalars()]
+        with self._db.read(conn) as c:
+            return [str(run_id) for run_id in c.execute(sql.reap.unsettled_runs, params).scalars()]
 
     def mark_lost(
         self,
@@ -100,13 +109,13 @@ class StoreReap(AttemptWrites):
             "step_id": step_id,
             "attempt_no": attempt,
             "seen_deliveries": delivery_count,
-            "error": self._error_json(dict(error)),
+            "error": self._db.error_json(dict(error)),
             "now": now(),
         }
-        with self._tx(conn) as c:
-            if c.execute(rq.lose_attempt, params).rowcount == 0:
+        with self._db.write(conn) as c:
+            if c.execute(sql.reap.lose_attempt, params).rowcount == 0:
                 return False
-            c.execute(rq.lose_step, params)
+            c.execute(sql.reap.lose_step, params)
         return True
 
     def give_up_lost(
@@ -126,14 +135,14 @@ class StoreReap(AttemptWrites):
         lets the run's owner react to the failure. With ``settle_run`` the run
         fails with the step.
         """
-        document = self._error_json(dict(error))
+        document = self._db.error_json(dict(error))
         moment = now()
         params = {"step_id": step_id, "attempt_no": attempt, "error": document, "now": moment}
-        with self._tx(conn) as c:
-            if c.execute(rq.give_up_step, params).rowcount == 0:
+        with self._db.write(conn) as c:
+            if c.execute(sql.reap.give_up_step, params).rowcount == 0:
                 return False
             if retry:
-                self.record_attempt(
+                self._attempts.record_attempt(
                     step_id,
                     attempt + 1,
                     "scheduled",
@@ -145,5 +154,5 @@ class StoreReap(AttemptWrites):
                     conn=c,
                 )
             elif settle_run:
-                self.settle_run(run_id, "failed", dict(error), conn=c)
+                self._attempts.settle_run(run_id, "failed", dict(error), conn=c)
         return True

@@ -10,11 +10,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pikku_celery.store.base import StoreBase, check_page, like_prefix, now, run_statuses
+from pikku_celery.store import sql
+from pikku_celery.store.common import check_page, like_prefix, now, run_statuses
+from pikku_celery.store.connector import Connector
 from pikku_celery.store.models import WorkflowRun
-from pikku_celery.store.sql import stats as sq
 
-__all__ = ["AttemptCount", "AttemptTotals", "OpenStepCounts", "StoreStats"]
+__all__ = ["AttemptCount", "AttemptTotals", "OpenStepCounts", "Stats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,31 +53,36 @@ class OpenStepCounts:
     stale_scheduled: int
 
 
-class StoreStats(StoreBase):
+class Stats:
+    """Counts and searches for the dashboard, the CLI and metrics."""
+
+    def __init__(self, db: Connector) -> None:
+        self._db = db
+
     def run_counts(self, *, conn: sa.Connection | None = None) -> dict[str, int]:
         """How many runs are in each status; a status with no run is absent."""
-        with self._read(conn) as c:
-            return {row.status: int(row.n) for row in c.execute(sq.run_counts)}
+        with self._db.read(conn) as c:
+            return {row.status: int(row.n) for row in c.execute(sql.stats.run_counts)}
 
     def attempt_counts(self, *, conn: sa.Connection | None = None) -> list[AttemptCount]:
         """Attempts by task and status, sorted by task then status."""
-        with self._read(conn) as c:
+        with self._db.read(conn) as c:
             return [
                 AttemptCount(step=row.step, status=row.status, count=int(row.n))
-                for row in c.execute(sq.attempt_counts)
+                for row in c.execute(sql.stats.attempt_counts)
             ]
 
     def attempt_totals(self, *, conn: sa.Connection | None = None) -> AttemptTotals:
-        with self._read(conn) as c:
-            row = c.execute(sq.attempt_totals).one()
+        with self._db.read(conn) as c:
+            row = c.execute(sql.stats.attempt_totals).one()
         return AttemptTotals(attempts=int(row.attempts), retries=int(row.retries))
 
     def oldest_running_attempt_age(
         self, *, at: dt.datetime | None = None, conn: sa.Connection | None = None
     ) -> float | None:
         """Seconds since the oldest attempt still running started (None: nothing runs)."""
-        with self._read(conn) as c:
-            started: dt.datetime | None = c.execute(sq.oldest_running_attempt).scalar()
+        with self._db.read(conn) as c:
+            started: dt.datetime | None = c.execute(sql.stats.oldest_running_attempt).scalar()
         if started is None:
             return None
         return max(0.0, ((at or now()) - started).total_seconds())
@@ -99,8 +105,8 @@ class StoreStats(StoreBase):
             before = (at or now()) - dt.timedelta(seconds=stale_after)
         except OverflowError:
             raise ValueError(f"stale_after is too long: {stale_after!r} seconds.") from None
-        with self._read(conn) as c:
-            row = c.execute(sq.open_step_counts, {"before": before}).one()
+        with self._db.read(conn) as c:
+            row = c.execute(sql.stats.open_step_counts, {"before": before}).one()
         return OpenStepCounts(
             lost=int(row.lost), running=int(row.running), stale_scheduled=int(row.stale_scheduled)
         )
@@ -112,14 +118,14 @@ class StoreStats(StoreBase):
         wanted = list(dict.fromkeys(run_ids))
         if not wanted:
             return {}
-        with self._read(conn) as c:
-            rows = c.execute(sq.lost_steps_by_run, {"run_ids": wanted})
+        with self._db.read(conn) as c:
+            rows = c.execute(sql.stats.lost_steps_by_run, {"run_ids": wanted})
             return {str(row.workflow_run_id): int(row.n) for row in rows}
 
     def workflow_names(self, *, conn: sa.Connection | None = None) -> list[str]:
         """Every workflow name that has a run, sorted."""
-        with self._read(conn) as c:
-            return [str(name) for name in c.execute(sq.workflow_names).scalars()]
+        with self._db.read(conn) as c:
+            return [str(name) for name in c.execute(sql.stats.workflow_names).scalars()]
 
     def count_runs(
         self,
@@ -136,8 +142,10 @@ class StoreStats(StoreBase):
             "statuses": statuses,
             "id_pattern": None if run_id_prefix is None else like_prefix(run_id_prefix),
         }
-        query = sq.count_runs(workflow is not None, bool(statuses), run_id_prefix is not None)
-        with self._read(conn) as c:
+        query = sql.stats.count_runs(
+            workflow is not None, bool(statuses), run_id_prefix is not None
+        )
+        with self._db.read(conn) as c:
             return int(c.execute(query, params).scalar_one())
 
     def search_runs(
@@ -160,7 +168,7 @@ class StoreStats(StoreBase):
             "limit": limit,
             "offset": offset,
         }
-        query = sq.search_runs(workflow is not None, bool(statuses))
-        with self._read(conn) as c:
+        query = sql.stats.search_runs(workflow is not None, bool(statuses))
+        with self._db.read(conn) as c:
             rows = c.execute(query, params).mappings().all()
         return [WorkflowRun.from_row(row) for row in rows]

@@ -1,65 +1,124 @@
-"""``WorkflowStore``: the transactional SQL mirror of runs, steps and attempts.
+"""``WorkflowStore``: the store's face for users, the CLI and the dashboard.
 
-Its runs, steps and versions; the other operations are its mixins, each beside
-its statements in ``store/sql/`` (``attempts`` / ``sql.attempts``, ...). Knows nothing
-of Celery. Every write takes an optional connection: given one, it runs there
-and leaves committing to the caller; otherwise it commits its own transaction.
+One :class:`~pikku_celery.store.connector.Connector` (engine, dialect,
+transactions, codec) handed to small operations, one per concept, each beside
+its statements in ``store/sql/``. The face delegates what users read and do to
+them; what only the mirror, the workflow engine or the reaper write is reached
+through the operation itself (``store.batches``, ``store.attempts``,
+``store.claims``, ``store.workflows``, ``store.leases``, ``store.reaping``).
+Knows nothing of Celery.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Final, Literal
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
 
-from pikku_celery.errors import (
-    InvalidStatus,
-    RunNotFound,
-    StepAlreadyExists,
-    StepNotFound,
-    StoreError,
-    UnreadableValue,
-    VersionNotFound,
-)
-from pikku_celery.store.base import UNSET, ErrorLike, StoreBase, _Unset, check_page, run_statuses
-from pikku_celery.store.base import new_id as _new_id
-from pikku_celery.store.base import now as _now
-from pikku_celery.store.batches import BatchWrites
-from pikku_celery.store.leases import LeaseWrites
+from pikku_celery.schema import migrate
+from pikku_celery.store.attempts import Attempts
+from pikku_celery.store.batches import Batches
+from pikku_celery.store.claims import Claims
+from pikku_celery.store.codec import DEFAULT_MAX_PAYLOAD_BYTES
+from pikku_celery.store.common import UNSET
+from pikku_celery.store.connector import Connector
+from pikku_celery.store.engine import safe_url
+from pikku_celery.store.leases import Leases
 from pikku_celery.store.models import (
-    RUN_STATUSES,
+    RunEvent,
     StepAttempt,
     StepState,
     WorkflowRun,
     WorkflowVersion,
 )
-from pikku_celery.store.prune import StorePrune
-from pikku_celery.store.reap import StoreReap
-from pikku_celery.store.sql import workflow_store as q
-from pikku_celery.store.stats import StoreStats
-from pikku_celery.store.workflows import WorkflowWrites
+from pikku_celery.store.prune import DEFAULT_PRUNE_STATUSES, PruneCount, Pruning
+from pikku_celery.store.reap import Reaping
+from pikku_celery.store.runs import Runs
+from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts, Stats
+from pikku_celery.store.versions import Versions
+from pikku_celery.store.workflows import Workflows
 
-__all__ = ["UNSET", "WorkflowStore"]
-
-NewAttemptStatus = Literal["pending", "scheduled", "running"]
-_NEW_ATTEMPT_STATUSES: Final = frozenset({"pending", "scheduled", "running"})
-_VERSION_STATUSES: Final = frozenset({"draft", "active", "declined"})
+__all__ = ["PUBLIC_METHODS", "UNSET", "WorkflowStore"]
 
 
-class WorkflowStore(
-    WorkflowWrites, BatchWrites, LeaseWrites, StoreReap, StoreStats, StorePrune, StoreBase
-):
+class WorkflowStore:
     """Reads and writes workflow runs, steps and attempts in one SQL database.
 
     ``WorkflowStore("postgresql://...")``, ``WorkflowStore("sqlite:///pikku.db")``
     or ``WorkflowStore(engine)``. Call :meth:`init` (or ``pikku-celery db
     upgrade``) once to bring the schema up to date.
+
+    Its methods (``PUBLIC_METHODS``): the lifecycle (``init``, ``schema_revision``,
+    ``latest_schema_revision``, ``close``, ``dispose_after_fork``, ``transaction``);
+    runs (``create_run``, ``get_run``, ``list_runs``, ``delete_run``,
+    ``update_run_state``, ``get_run_state``); steps and attempts (``get_step``,
+    ``get_step_state``, ``list_step_states``, ``get_run_history``, ``list_events``,
+    ``get_workflow_version``); counts (``run_counts``, ``attempt_counts``,
+    ``attempt_totals``, ``count_runs``, ``search_runs``, ``workflow_names``,
+    ``count_open_steps``, ``lost_steps_by_run``, ``oldest_running_attempt_age``);
+    pruning (``count_prunable``, ``count_prunable_runs``, ``prune_batch``, ``prune``).
     """
 
-    # --- runs --------------------------------------------------------------
+    def __init__(
+        self,
+        url_or_engine: str | sa.URL | sa.Engine | None = None,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        self.db = Connector(url_or_engine, max_payload_bytes=max_payload_bytes)
+        self.engine = self.db.engine
+        self.dialect = self.db.dialect
+        self.codec = self.db.codec
+        self.runs = Runs(self.db)
+        self.versions = Versions(self.db)
+        self.attempts = Attempts(self.db)
+        self.claims = Claims(self.db, self.attempts)
+        self.workflows = Workflows(self.db, self.attempts, self.claims)
+        self.leases = Leases(self.db)
+        self.reaping = Reaping(self.db, self.attempts)
+        self.stats = Stats(self.db)
+        self.pruning = Pruning(self.db)
+        self.batches = Batches(self.db)
 
+    def __repr__(self) -> str:
+        return f"WorkflowStore({safe_url(self.engine.url)!r})"
+
+    # --- lifecycle ---
+
+    def init(self) -> None:
+        """Bring the database to the latest schema; does nothing when it is already there."""
+        self.db.upgrade()
+
+    def schema_revision(self) -> str | None:
+        """The schema revision the database is at (None: pikku-celery never ran there)."""
+        return self.db.schema_revision()
+
+    @staticmethod
+    def latest_schema_revision() -> str:
+        return migrate.head_revision()
+
+    def close(self) -> None:
+        """Release the store's connections (an engine passed in is left to its owner)."""
+        self.db.close()
+
+    def dispose_after_fork(self) -> None:
+        """Forget connections inherited from a parent process without closing them."""
+        self.db.dispose_after_fork()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sa.Connection]:
+        """A transaction to pass as ``conn=`` so several writes commit together.
+
+        Failing to connect or to commit raises the same typed errors as any
+        store call (``StoreUnavailable`` when the database cannot be reached).
+        """
+        with self.db.transaction() as conn:
+            yield conn
+
+    # --- runs ---
     def create_run(
         self,
         workflow: str,
@@ -75,63 +134,21 @@ class WorkflowStore(
         conn: sa.Connection | None = None,
     ) -> str:
         """Start recording a run; returns its id (a new UUID unless given)."""
-        if not workflow:
-            raise ValueError("A run needs a workflow name; pass workflow='checkout' or similar.")
-        self._check_run_status(status)
-        now = _now()
-        row = {
-            "workflow_run_id": run_id or _new_id(),
-            "workflow": workflow,
-            "status": status,
-            "input": self._json(input, "run input"),
-            "state": "{}",
-            "inline": inline,
-            "graph_hash": graph_hash,
-            "deterministic": deterministic,
-            "planned_steps": None
-            if planned_steps is None
-            else self._json(planned_steps, "planned steps"),
-            "wire": None if wire is None else self._json(wire, "wire"),
-            "created_at": now,
-            "updated_at": now,
-        }
-        with self._single(conn) as c:
-            c.execute(q.insert_run, row)
-        return str(row["workflow_run_id"])
+        return self.runs.create_run(
+            workflow,
+            input,
+            inline=inline,
+            graph_hash=graph_hash,
+            wire=wire,
+            deterministic=deterministic,
+            planned_steps=planned_steps,
+            run_id=run_id,
+            status=status,
+            conn=conn,
+        )
 
     def get_run(self, run_id: str, *, conn: sa.Connection | None = None) -> WorkflowRun:
-        with self._read(conn) as c:
-            row = c.execute(q.get_run, {"run_id": run_id}).mappings().first()
-        if row is None:
-            raise RunNotFound(run_id)
-        return WorkflowRun.from_row(row)
-
-    def update_run_status(
-        self,
-        run_id: str,
-        status: str,
-        *,
-        output: Any = UNSET,
-        error: ErrorLike | _Unset | None = UNSET,
-        conn: sa.Connection | None = None,
-    ) -> None:
-        """Set the run's status; output and error are replaced (cleared when not given).
-
-        An output of ``0``, ``""`` or ``False`` is stored as that value.
-        """
-        self._check_run_status(status)
-        params = {
-            "run_id": run_id,
-            "status": status,
-            "output": None if isinstance(output, _Unset) else self._json(output, "run output"),
-            "error": None
-            if isinstance(error, _Unset) or error is None
-            else self._error_json(error),
-            "now": _now(),
-        }
-        with self._single(conn) as c:
-            if c.execute(q.update_run_status, params).rowcount == 0:
-                raise RunNotFound(run_id)
+        return self.runs.get_run(run_id, conn=conn)
 
     def list_runs(
         self,
@@ -143,308 +160,198 @@ class WorkflowStore(
         conn: sa.Connection | None = None,
     ) -> list[WorkflowRun]:
         """Runs, newest first; page with ``limit`` and ``offset``."""
-        check_page(limit, offset)
-        statuses = run_statuses(status)
-        params: dict[str, Any] = {"limit": limit, "offset": offset}
-        if workflow is not None:
-            params["workflow"] = workflow
-        if statuses:
-            params["statuses"] = statuses
-        query = q.list_runs(workflow is not None, bool(statuses))
-        with self._read(conn) as c:
-            rows = c.execute(query, params).mappings().all()
-        return [WorkflowRun.from_row(row) for row in rows]
+        return self.runs.list_runs(
+            workflow=workflow, status=status, limit=limit, offset=offset, conn=conn
+        )
 
     def delete_run(self, run_id: str, *, conn: sa.Connection | None = None) -> bool:
         """Delete a run with its steps and attempts; False when there was none."""
-        with self._single(conn) as c:
-            return bool(c.execute(q.delete_run, {"run_id": run_id}).rowcount)
-
-    @staticmethod
-    def _check_run_status(status: str) -> None:
-        if status not in RUN_STATUSES:
-            raise InvalidStatus("run", status, RUN_STATUSES)
-
-    # --- run state ---------------------------------------------------------
+        return self.runs.delete_run(run_id, conn=conn)
 
     def update_run_state(
         self, run_id: str, key: str, value: Any, *, conn: sa.Connection | None = None
     ) -> None:
-        """Set one key of the run's state, in one statement, without reading it first.
-
-        The key is taken literally: dots, quotes and any unicode stay one key.
-        """
-        if not isinstance(key, str):
-            raise TypeError(f"A state key must be a str, not {type(key).__name__}.")
-        self.codec.check_key(key, "state key")
-        params = {
-            "run_id": run_id,
-            "key": key,
-            "value": self._json(value, f"value of state key {key[:60]!r}"),
-            "now": _now(),
-        }
-        statement = q.update_run_state_pg if self._pg else q.update_run_state_sqlite
-        with self._single(conn) as c:
-            if c.execute(statement, params).rowcount == 0:
-                raise RunNotFound(run_id)
+        """Set one key of the run's state, in one statement, without reading it first."""
+        return self.runs.update_run_state(run_id, key, value, conn=conn)
 
     def get_run_state(self, run_id: str, *, conn: sa.Connection | None = None) -> dict[str, Any]:
-        with self._read(conn) as c:
-            row = c.execute(q.get_run_state, {"run_id": run_id}).first()
-        if row is None:
-            raise RunNotFound(run_id)
-        state = {} if row[0] is None else row[0]
-        if not isinstance(state, dict):
-            # Another writer's value: a JSON string, say, where an object belongs.
-            raise UnreadableValue("run state (a JSON object)", state, "a JSON object")
-        return state
-
-    # --- steps -------------------------------------------------------------
-
-    def insert_step_state(
-        self,
-        run_id: str,
-        step_name: str,
-        rpc_name: str | None,
-        data: Any,
-        *,
-        retries: int | None = None,
-        retry_delay: float | str | dt.timedelta | None = None,
-        from_step_name: str | None = None,
-        status: NewAttemptStatus = "pending",
-        step_id: str | None = None,
-        conn: sa.Connection | None = None,
-    ) -> StepState:
-        """Create a step and its first attempt, both in one transaction."""
-        if not step_name:
-            raise ValueError("A step needs a name.")
-        if status not in _NEW_ATTEMPT_STATUSES:
-            raise InvalidStatus("new step", status, _NEW_ATTEMPT_STATUSES)
-        now = _now()
-        step, attempt = self._first_attempt_rows(
-            step_id=step_id or _new_id(),
-            run_id=run_id,
-            step_name=step_name,
-            rpc_name=rpc_name,
-            data=data,
-            status=status,
-            retries=retries,
-            retry_delay=retry_delay,
-            from_step_name=from_step_name,
-            timestamp=now,
-        )
-        stamp = q.TIMESTAMP_COLUMN[status]
-        if stamp is not None:
-            attempt[stamp] = now
-        try:
-            with self._tx(conn) as c:
-                c.execute(q.insert_step, step)
-                c.execute(q.insert_attempt, attempt)
-        except StoreError as exc:
-            raise self._classify_integrity(exc, run_id, step_name) from exc.__cause__
-        return StepState(
-            step_id=step["workflow_step_id"],
-            run_id=run_id,
-            step_name=step_name,
-            rpc_name=rpc_name,
-            data=data,
-            status=status,
-            result=None,
-            error=None,
-            attempt_count=1,
-            retries=retries,
-            retry_delay=step["retry_delay"],
-            from_step_name=from_step_name,
-            child_run_id=None,
-            branch_taken=None,
-            created_at=now,
-            updated_at=now,
-        )
-
-    @staticmethod
-    def _classify_integrity(exc: StoreError, run_id: str, step_name: str) -> StoreError:
-        cause = exc.__cause__
-        if not isinstance(cause, sa_exc.IntegrityError):
-            return exc
-        text = str(cause.orig).lower()
-        if "foreign key" in text:
-            return RunNotFound(run_id)
-        if "unique" in text or "duplicate" in text:
-            return StepAlreadyExists(run_id, step_name)
-        return exc
+        return self.runs.get_run_state(run_id, conn=conn)
 
     def get_step_state(
         self, run_id: str, step_name: str, *, conn: sa.Connection | None = None
     ) -> StepState:
         """The step's row: one query, never the history table."""
-        with self._read(conn) as c:
-            row = (
-                c.execute(q.get_step_state, {"run_id": run_id, "step_name": step_name})
-                .mappings()
-                .first()
-            )
-        if row is None:
-            raise StepNotFound(run_id=run_id, step_name=step_name)
-        return StepState.from_row(row)
+        return self.runs.get_step_state(run_id, step_name, conn=conn)
 
     def list_step_states(
         self, run_id: str, *, conn: sa.Connection | None = None
     ) -> list[StepState]:
         """Every step of a run, in creation order, in one query ([] for an unknown run)."""
-        with self._read(conn) as c:
-            rows = c.execute(q.list_step_states, {"run_id": run_id}).mappings().all()
-        return [StepState.from_row(row) for row in rows]
-
-    # --- transitions -------------------------------------------------------
-
-    def set_step_scheduled(self, step_id: str, *, conn: sa.Connection | None = None) -> bool:
-        return self._transition(step_id, "scheduled", {}, conn)
-
-    def set_step_running(self, step_id: str, *, conn: sa.Connection | None = None) -> bool:
-        return self._transition(step_id, "running", {}, conn)
-
-    def set_step_result(
-        self, step_id: str, result: Any, *, conn: sa.Connection | None = None
-    ) -> bool:
-        return self._transition(
-            step_id, "succeeded", {"result": self._json(result, "step result")}, conn
-        )
-
-    def set_step_error(
-        self, step_id: str, error: ErrorLike, *, conn: sa.Connection | None = None
-    ) -> bool:
-        return self._transition(step_id, "failed", {"error": self._error_json(error)}, conn)
-
-    def _transition(
-        self, step_id: str, status: str, outcome: dict[str, str], conn: sa.Connection | None
-    ) -> bool:
-        """Move the step and its current attempt to ``status``, both or neither.
-
-        Returns False when the event changed nothing because the attempt is
-        already there or further on (a duplicate or a late event).
-        """
-        params: dict[str, Any] = {
-            "step_id": step_id,
-            "now": _now(),
-            "history_id": _new_id(),
-            **outcome,
-        }
-        with self._single(conn) as c:
-            if self._pg:
-                applied = self._run_compiled(c, q.transition_pg(status), params).first() is not None
-            else:
-                step = self._run_compiled(c, q.transition_sqlite_step(status), params)
-                attempt = step.scalar()
-                applied = attempt is not None
-                if applied:
-                    params["attempt_no"] = attempt
-                    row = self._run_compiled(c, q.transition_sqlite_attempt(status), params)
-                    if row.rowcount == 0:
-                        c.execute(q.transition_sqlite_repair(status), params)
-            # Cold path only: nothing changed, so tell a no-op from a missing step.
-            if not applied and c.execute(q.step_exists, {"step_id": step_id}).first() is None:
-                raise StepNotFound(step_id=step_id)
-        return applied
-
-    def create_retry_attempt(
-        self,
-        step_id: str,
-        status: NewAttemptStatus = "pending",
-        *,
-        reason: str = "retry",
-        conn: sa.Connection | None = None,
-    ) -> StepState:
-        """Move the step to attempt n+1 and add that attempt's row, atomically.
-
-        ``reason`` is recorded on the attempt: ``retry``, ``resume``, ``rerun``...
-        """
-        if status not in _NEW_ATTEMPT_STATUSES:
-            raise InvalidStatus("new attempt", status, _NEW_ATTEMPT_STATUSES)
-        now = _now()
-        params = {"step_id": step_id, "now": now, "history_id": _new_id(), "reason": reason}
-        with self._single(conn) as c:
-            if self._pg:
-                row = c.execute(q.retry_attempt_pg(status), params).mappings().first()
-            else:
-                row = c.execute(q.retry_attempt_sqlite(status), params).mappings().first()
-                if row is not None:
-                    attempt: dict[str, Any] = {
-                        "history_id": params["history_id"],
-                        "workflow_step_id": step_id,
-                        "status": status,
-                        "attempt": row["current_attempt"],
-                        "created_at": now,
-                        "reason": reason,
-                    }
-                    stamp = q.TIMESTAMP_COLUMN[status]
-                    if stamp is not None:
-                        attempt[stamp] = now
-                    c.execute(q.insert_attempt, attempt)
-            if row is None:
-                raise StepNotFound(step_id=step_id)
-        return StepState.from_row(row)
-
-    # --- history -----------------------------------------------------------
+        return self.runs.list_step_states(run_id, conn=conn)
 
     def get_run_history(
         self, run_id: str, *, conn: sa.Connection | None = None
     ) -> list[StepAttempt]:
         """Every attempt of every step of the run: steps in creation order, attempts by number."""
-        with self._read(conn) as c:
-            rows = c.execute(q.run_history, {"run_id": run_id}).mappings().all()
-        return [StepAttempt.from_row(row) for row in rows]
+        return self.runs.get_run_history(run_id, conn=conn)
 
-    # --- versions ----------------------------------------------------------
+    # --- claims ---
+    def get_step(self, step_id: str, *, conn: sa.Connection | None = None) -> StepState:
+        """A step by its id (for a Celery step, its task id): one query."""
+        return self.claims.get_step(step_id, conn=conn)
 
-    def upsert_workflow_version(
-        self,
-        workflow_name: str,
-        graph_hash: str,
-        graph: Any,
-        source: str,
-        status: str = "active",
-        *,
-        conn: sa.Connection | None = None,
-    ) -> bool:
-        """Record a workflow version; the first writer wins. True when this call wrote it."""
-        if status not in _VERSION_STATUSES:
-            raise InvalidStatus("workflow version", status, _VERSION_STATUSES)
-        row = {
-            "workflow_name": workflow_name,
-            "graph_hash": graph_hash,
-            "graph": self._json(graph, "workflow graph"),
-            "source": source,
-            "status": status,
-            "created_at": _now(),
-        }
-        with self._single(conn) as c:
-            return c.execute(q.upsert_workflow_version(self.dialect), row).first() is not None
+    # --- workflows ---
+    def list_events(self, run_id: str, *, conn: sa.Connection | None = None) -> list[RunEvent]:
+        """Every event sent to the run, oldest first, taken or not."""
+        return self.workflows.list_events(run_id, conn=conn)
 
+    # --- versions ---
     def get_workflow_version(
         self, workflow_name: str, graph_hash: str, *, conn: sa.Connection | None = None
     ) -> WorkflowVersion | None:
-        with self._read(conn) as c:
-            row = (
-                c.execute(
-                    q.get_workflow_version,
-                    {"workflow_name": workflow_name, "graph_hash": graph_hash},
-                )
-                .mappings()
-                .first()
-            )
-        return None if row is None else WorkflowVersion.from_row(row)
+        return self.versions.get_workflow_version(workflow_name, graph_hash, conn=conn)
 
-    def update_workflow_version_status(
+    # --- stats ---
+    def run_counts(self, *, conn: sa.Connection | None = None) -> dict[str, int]:
+        """How many runs are in each status; a status with no run is absent."""
+        return self.stats.run_counts(conn=conn)
+
+    def attempt_counts(self, *, conn: sa.Connection | None = None) -> list[AttemptCount]:
+        """Attempts by task and status, sorted by task then status."""
+        return self.stats.attempt_counts(conn=conn)
+
+    def attempt_totals(self, *, conn: sa.Connection | None = None) -> AttemptTotals:
+        return self.stats.attempt_totals(conn=conn)
+
+    def count_runs(
         self,
-        workflow_name: str,
-        graph_hash: str,
-        status: str,
+        *,
+        workflow: str | None = None,
+        status: str | Sequence[str] | None = None,
+        run_id_prefix: str | None = None,
+        conn: sa.Connection | None = None,
+    ) -> int:
+        """How many runs ``list_runs`` (or ``search_runs``) with these filters pages through."""
+        return self.stats.count_runs(
+            workflow=workflow, status=status, run_id_prefix=run_id_prefix, conn=conn
+        )
+
+    def search_runs(
+        self,
+        run_id_prefix: str,
+        *,
+        workflow: str | None = None,
+        status: str | Sequence[str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        conn: sa.Connection | None = None,
+    ) -> list[WorkflowRun]:
+        """Runs whose id starts with ``run_id_prefix``, newest first, like ``list_runs``."""
+        return self.stats.search_runs(
+            run_id_prefix, workflow=workflow, status=status, limit=limit, offset=offset, conn=conn
+        )
+
+    def workflow_names(self, *, conn: sa.Connection | None = None) -> list[str]:
+        """Every workflow name that has a run, sorted."""
+        return self.stats.workflow_names(conn=conn)
+
+    def count_open_steps(
+        self,
+        stale_after: float,
+        *,
+        at: dt.datetime | None = None,
+        conn: sa.Connection | None = None,
+    ) -> OpenStepCounts:
+        """How many steps are lost, running, and scheduled untouched for ``stale_after`` s."""
+        return self.stats.count_open_steps(stale_after, at=at, conn=conn)
+
+    def lost_steps_by_run(
+        self, run_ids: Iterable[str], *, conn: sa.Connection | None = None
+    ) -> dict[str, int]:
+        """How many ``lost`` steps each of these runs has; a run with none is absent."""
+        return self.stats.lost_steps_by_run(run_ids, conn=conn)
+
+    def oldest_running_attempt_age(
+        self, *, at: dt.datetime | None = None, conn: sa.Connection | None = None
+    ) -> float | None:
+        """Seconds since the oldest attempt still running started (None: nothing runs)."""
+        return self.stats.oldest_running_attempt_age(at=at, conn=conn)
+
+    # --- pruning (see ``prune.Pruning``) ---
+    def count_prunable(
+        self,
+        before: dt.datetime,
+        statuses: Iterable[str] = DEFAULT_PRUNE_STATUSES,
         *,
         conn: sa.Connection | None = None,
-    ) -> None:
-        if status not in _VERSION_STATUSES:
-            raise InvalidStatus("workflow version", status, _VERSION_STATUSES)
-        params = {"name": workflow_name, "hash": graph_hash, "new_status": status}
-        with self._single(conn) as c:
-            if c.execute(q.update_workflow_version_status, params).rowcount == 0:
-                raise VersionNotFound(workflow_name, graph_hash)
+    ) -> PruneCount:
+        """How many runs (steps, attempts) in ``statuses`` were created before ``before``."""
+        return self.pruning.count_prunable(before, statuses, conn=conn)
+
+    def count_prunable_runs(
+        self,
+        before: dt.datetime,
+        statuses: Iterable[str] = DEFAULT_PRUNE_STATUSES,
+        *,
+        conn: sa.Connection | None = None,
+    ) -> int:
+        """How many runs ``count_prunable`` would count, without reading their steps."""
+        return self.pruning.count_prunable_runs(before, statuses, conn=conn)
+
+    def prune_batch(
+        self,
+        before: dt.datetime,
+        statuses: Iterable[str] = DEFAULT_PRUNE_STATUSES,
+        limit: int = 500,
+        *,
+        conn: sa.Connection | None = None,
+    ) -> PruneCount:
+        """Delete the ``limit`` oldest prunable runs, in one transaction; returns what went."""
+        return self.pruning.prune_batch(before, statuses, limit, conn=conn)
+
+    def prune(
+        self,
+        before: dt.datetime,
+        statuses: Iterable[str] = DEFAULT_PRUNE_STATUSES,
+        *,
+        batch_size: int = 500,
+        on_batch: Callable[[PruneCount], None] | None = None,
+    ) -> PruneCount:
+        """Delete every prunable run, ``batch_size`` runs per transaction; returns the total."""
+        return self.pruning.prune(before, statuses, batch_size=batch_size, on_batch=on_batch)
+
+
+#: What the face offers; pinned by the tests.
+PUBLIC_METHODS: tuple[str, ...] = (
+    "init",
+    "schema_revision",
+    "latest_schema_revision",
+    "close",
+    "dispose_after_fork",
+    "transaction",
+    "create_run",
+    "get_run",
+    "list_runs",
+    "delete_run",
+    "update_run_state",
+    "get_run_state",
+    "get_step_state",
+    "list_step_states",
+    "get_run_history",
+    "get_step",
+    "list_events",
+    "get_workflow_version",
+    "run_counts",
+    "attempt_counts",
+    "attempt_totals",
+    "count_runs",
+    "search_runs",
+    "workflow_names",
+    "count_open_steps",
+    "lost_steps_by_run",
+    "oldest_running_attempt_age",
+    "count_prunable",
+    "count_prunable_runs",
+    "prune_batch",
+    "prune",
+)

@@ -11,17 +11,26 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from pikku_celery.errors import RunIdTaken, RunNotFound, RunSettled, StepNotFound
-from pikku_celery.store.base import UNSET, ErrorLike, _Unset, new_id, now
-from pikku_celery.store.claims import ClaimWrites
+from pikku_celery.store import sql
+from pikku_celery.store.attempts import Attempts
+from pikku_celery.store.claims import Claims
+from pikku_celery.store.common import UNSET, ErrorLike, Unset, new_id, now
+from pikku_celery.store.connector import Connector
 from pikku_celery.store.models import SETTLED_RUN_STATUSES, RunEvent
-from pikku_celery.store.sql import workflows as wq
 
-__all__ = ["WorkflowWrites"]
+__all__ = ["Workflows", "child_error"]
 
 _CHILD_ENDS: Final = {"completed": "succeeded", "failed": "failed", "cancelled": "cancelled"}
 
 
-class WorkflowWrites(ClaimWrites):
+class Workflows:
+    """What durable workflows add to runs and steps: starts, children, events, branches."""
+
+    def __init__(self, db: Connector, attempts: Attempts, claims: Claims) -> None:
+        self._db = db
+        self._attempts = attempts
+        self._claims = claims
+
     # --- starts --------------------------------------------------------------
 
     def start_run(
@@ -44,20 +53,23 @@ class WorkflowWrites(ClaimWrites):
             "workflow_run_id": run_id,
             "workflow": workflow,
             "status": "running",
-            "input": self._json(input, "run input"),
+            "input": self._db.json(input, "run input"),
             "state": "{}",
             "inline": False,
             "graph_hash": graph_hash,
             "deterministic": False,
             "planned_steps": None,
-            "wire": None if wire is None else self._json(wire, "wire"),
+            "wire": None if wire is None else self._db.json(wire, "wire"),
             "created_at": timestamp,
             "updated_at": timestamp,
         }
-        with self._tx(conn) as c:
-            if c.execute(wq.insert_run_if_absent(self.dialect), row).first() is not None:
+        with self._db.write(conn) as c:
+            if (
+                c.execute(sql.workflows.insert_run_if_absent(self._db.dialect), row).first()
+                is not None
+            ):
                 return True
-            existing = c.execute(wq.run_status, {"run_id": run_id}).first()
+            existing = c.execute(sql.workflows.run_status, {"run_id": run_id}).first()
         if existing is not None and existing.workflow != workflow:
             raise RunIdTaken(run_id, workflow, existing.workflow)
         return False
@@ -88,16 +100,18 @@ class WorkflowWrites(ClaimWrites):
             "parent_step_id": step_id,
             "parent_step_name": step_name,
         }
-        with self._tx(None) as c:
-            if not self.claim_step(
+        with self._db.write(None) as c:
+            if not self._claims.claim_step(
                 run_id, step_id, step_name, rpc_name, data, from_step_name=from_step_name, conn=c
             ):
                 return False
             self.start_run(
                 child_workflow, data, run_id=child_run_id, graph_hash=graph_hash, wire=wire, conn=c
             )
-            c.execute(wq.set_child_run, {"step_id": step_id, "child_run_id": child_run_id})
-            self.record_attempt(step_id, 1, "running", task_id=child_run_id, conn=c)
+            c.execute(
+                sql.workflows.set_child_run, {"step_id": step_id, "child_run_id": child_run_id}
+            )
+            self._attempts.record_attempt(step_id, 1, "running", task_id=child_run_id, conn=c)
         return True
 
     def end_child(
@@ -112,18 +126,18 @@ class WorkflowWrites(ClaimWrites):
     ) -> bool:
         """The parent's step takes the child run's end (``completed``, ``failed``,
         ``cancelled``); False when that step is not waiting on this child."""
-        with self._tx(conn) as c:
+        with self._db.write(conn) as c:
             try:
-                step = self.get_step(parent_step_id, conn=c)
+                step = self._claims.get_step(parent_step_id, conn=c)
             except StepNotFound:
                 return False  # the parent was pruned: nobody is waiting
             if step.child_run_id != child_run_id or step.status in ("succeeded", "failed"):
                 return False
-            self.record_attempt(
+            self._attempts.record_attempt(
                 parent_step_id,
                 step.attempt_count,
                 _CHILD_ENDS[status],
-                result=None if isinstance(output, _Unset) else output,
+                result=None if isinstance(output, Unset) else output,
                 error=error,
                 conn=c,
             )
@@ -143,8 +157,8 @@ class WorkflowWrites(ClaimWrites):
 
         One transaction: a parent never waits on a child that has ended.
         """
-        with self._tx(None) as c:
-            moved = self.move_run(
+        with self._db.write(None) as c:
+            moved = self._claims.move_run(
                 run_id, status, from_statuses=from_statuses, output=output, error=error, conn=c
             )
             if moved and parent_step_id is not None:
@@ -164,9 +178,9 @@ class WorkflowWrites(ClaimWrites):
         self, step_id: str, branch: str, *, conn: sa.Connection | None = None
     ) -> None:
         """Record the branch the workflow took after the step (``branch_taken``)."""
-        with self._single(conn) as c:
+        with self._db.single(conn) as c:
             result = c.execute(
-                wq.set_branch_taken, {"step_id": step_id, "branch": branch, "now": now()}
+                sql.workflows.set_branch_taken, {"step_id": step_id, "branch": branch, "now": now()}
             )
             if result.rowcount == 0:
                 raise StepNotFound(step_id=step_id)
@@ -184,18 +198,18 @@ class WorkflowWrites(ClaimWrites):
             "event_id": new_id(),
             "workflow_run_id": run_id,
             "name": name,
-            "data": self._json(data, f"data of event {name!r}"),
+            "data": self._db.json(data, f"data of event {name!r}"),
             "sent_at": now(),
             "taken_by_step_id": None,
             "taken_at": None,
         }
-        with self._tx(None) as c:
-            run = c.execute(wq.run_status, {"run_id": run_id}).first()
+        with self._db.write(None) as c:
+            run = c.execute(sql.workflows.run_status, {"run_id": run_id}).first()
             if run is None:
                 raise RunNotFound(run_id)
             if run.status in SETTLED_RUN_STATUSES:
                 raise RunSettled(run_id, run.status)
-            c.execute(wq.insert_event, row)
+            c.execute(sql.workflows.insert_event, row)
         return str(row["event_id"])
 
     def take_event(self, run_id: str, step_id: str, attempt: int, name: str) -> tuple[bool, Any]:
@@ -206,22 +220,24 @@ class WorkflowWrites(ClaimWrites):
         """
         guard = {"step_id": step_id, "attempt_no": attempt, "now": now()}
         try:
-            with self._tx(None) as c:
-                if c.execute(wq.hold_open_step, guard).rowcount == 0:
+            with self._db.write(None) as c:
+                if c.execute(sql.workflows.hold_open_step, guard).rowcount == 0:
                     raise _Nothing
                 while True:
                     event = c.execute(
-                        wq.next_untaken_event, {"run_id": run_id, "name": name}
+                        sql.workflows.next_untaken_event, {"run_id": run_id, "name": name}
                     ).first()
                     if event is None:
                         raise _Nothing  # rolls the guard back: nothing changed
                     taken = c.execute(
-                        wq.take_event,
+                        sql.workflows.take_event,
                         {"the_event": event.event_id, "step_id": step_id, "now": now()},
                     )
                     if taken.rowcount:
                         break
-                self.record_attempt(step_id, attempt, "succeeded", result=event.data, conn=c)
+                self._attempts.record_attempt(
+                    step_id, attempt, "succeeded", result=event.data, conn=c
+                )
         except _Nothing:
             return False, None
         return True, event.data
@@ -229,12 +245,12 @@ class WorkflowWrites(ClaimWrites):
     def restart_wait(self, step_id: str, attempt: int, data: Any) -> bool:
         """A wait made pending again (resume, rerun) waits anew: True for the replay
         that took it, which has set the step's data (its new deadline)."""
-        with self._tx(None) as c:
-            if not self.take_pending_step(step_id, attempt, conn=c):
+        with self._db.write(None) as c:
+            if not self._claims.take_pending_step(step_id, attempt, conn=c):
                 return False
             c.execute(
-                wq.set_step_data,
-                {"step_id": step_id, "data": self._json(data, "input of a wait")},
+                sql.workflows.set_step_data,
+                {"step_id": step_id, "data": self._db.json(data, "input of a wait")},
             )
         return True
 
@@ -242,18 +258,18 @@ class WorkflowWrites(ClaimWrites):
         """Fail the waiting step with its timeout, unless its wait has ended already."""
         guard = {"step_id": step_id, "attempt_no": attempt, "now": now()}
         try:
-            with self._tx(None) as c:
-                if c.execute(wq.hold_open_step, guard).rowcount == 0:
+            with self._db.write(None) as c:
+                if c.execute(sql.workflows.hold_open_step, guard).rowcount == 0:
                     raise _Nothing
-                self.record_attempt(step_id, attempt, "failed", error=error, conn=c)
+                self._attempts.record_attempt(step_id, attempt, "failed", error=error, conn=c)
         except _Nothing:
             return False
         return True
 
     def list_events(self, run_id: str, *, conn: sa.Connection | None = None) -> list[RunEvent]:
         """Every event sent to the run, oldest first, taken or not."""
-        with self._read(conn) as c:
-            rows = c.execute(wq.list_events, {"run_id": run_id}).mappings().all()
+        with self._db.read(conn) as c:
+            rows = c.execute(sql.workflows.list_events, {"run_id": run_id}).mappings().all()
         return [RunEvent.from_row(row) for row in rows]
 
 

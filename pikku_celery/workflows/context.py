@@ -199,7 +199,7 @@ class WorkflowContext:
                 "timeout": timeout,
                 "deadline": None if deadline is None else deadline.isoformat(),
             }
-            if self._store.claim_step(
+            if self._store.claims.claim_step(
                 self.run_id, step_id, key, WAIT, data, from_step_name=previous
             ):
                 if deadline is not None:
@@ -219,18 +219,21 @@ class WorkflowContext:
             if step.status == "pending":  # made pending again by a resume or rerun: wait anew
                 deadline = None if timeout is None else now + dt.timedelta(seconds=timeout)
                 data["deadline"] = None if deadline is None else deadline.isoformat()
-                if self._store.restart_wait(step_id, attempt, data) and deadline is not None:
+                if (
+                    self._store.workflows.restart_wait(step_id, attempt, data)
+                    and deadline is not None
+                ):
                     self._dispatcher.orchestrate(self.run_id, at=deadline)
                 else:  # another replay restarted it: its deadline counts
                     data = dict(self._store.get_step(step_id).data or {})
         self._previous_id = step_id
-        taken, value = self._store.take_event(self.run_id, step_id, attempt, name)
+        taken, value = self._store.workflows.take_event(self.run_id, step_id, attempt, name)
         if taken:
             return value
         deadline_text = data.get("deadline")
         if isinstance(deadline_text, str) and now >= dt.datetime.fromisoformat(deadline_text):
             timed_out = EventTimeout(key, name, float(data.get("timeout") or 0))
-            if self._store.time_out_wait(step_id, attempt, timed_out.error):
+            if self._store.workflows.time_out_wait(step_id, attempt, timed_out.error):
                 raise timed_out
             won = self._store.get_step(step_id)  # an event came first: it stands
             if won.status == "succeeded":
@@ -260,7 +263,7 @@ class WorkflowContext:
             None,
         )
         if recorded != key:  # a replay taking the branch it took before: no write
-            self._store.set_branch_taken(self._previous_id, key)
+            self._store.workflows.set_branch_taken(self._previous_id, key)
         return key
 
     def do_all(self, calls: Sequence[Sequence[Any]]) -> list[Any]:
@@ -302,7 +305,7 @@ class WorkflowContext:
             wake_at = now + dt.timedelta(seconds=seconds)
             step_id = str(uuid.uuid4())
             self._previous_id = step_id
-            if self._store.claim_step(
+            if self._store.claims.claim_step(
                 self.run_id,
                 step_id,
                 key,
@@ -320,14 +323,14 @@ class WorkflowContext:
             return
         if step.status == "pending":  # made pending again by a rerun: sleep anew
             wake_at = now + dt.timedelta(seconds=seconds)
-            if self._store.take_pending_step(step.step_id, step.attempt_count, eta=wake_at):
+            if self._store.claims.take_pending_step(step.step_id, step.attempt_count, eta=wake_at):
                 self._dispatcher.wake(self.run_id, step.step_id, step.attempt_count, wake_at)
             self.sleeping = True
             raise Suspend
         wake_at = dt.datetime.fromisoformat((step.data or {}).get("wake_at", now.isoformat()))
         if now >= wake_at:
             # Past its time: whichever comes first, this replay or the wake-up message.
-            self._store.record_attempt(step.step_id, step.attempt_count, "succeeded")
+            self._store.attempts.record_attempt(step.step_id, step.attempt_count, "succeeded")
             return
         # The wake-up may have been lost with a worker; another one costs nothing
         # (waking is idempotent), so every replay of a sleeping run sends one.
@@ -414,7 +417,7 @@ class WorkflowContext:
             self._previous_id = step_id
             policy = retry_policy(task)
             with passed_in(f"input of step {key!r}"):
-                claimed = self._store.claim_step(
+                claimed = self._store.claims.claim_step(
                     self.run_id,
                     step_id,
                     key,
@@ -433,7 +436,7 @@ class WorkflowContext:
         ended = self._ended(key, step, task.name)
         if ended is not _IN_FLIGHT:
             return ended
-        if step.status == "pending" and self._store.take_pending_step(
+        if step.status == "pending" and self._store.claims.take_pending_step(
             step.step_id, step.attempt_count
         ):
             self._dispatcher.step(
@@ -470,7 +473,7 @@ class WorkflowContext:
             inline_step.reset(token)
         status = "failed" if error else "succeeded"
         if step is None:
-            claimed = self._store.claim_step(
+            claimed = self._store.claims.claim_step(
                 self.run_id,
                 step_id,
                 key,
@@ -490,7 +493,7 @@ class WorkflowContext:
                 return won.result
             self._previous_id = step_id
         else:  # pending again after a resume or rerun: a new attempt of the same step
-            self._store.record_attempt(
+            self._store.attempts.record_attempt(
                 step.step_id, step.attempt_count, status, result=value, error=error
             )
         if error is not None:
@@ -514,9 +517,11 @@ class WorkflowContext:
             self._beyond(f"starts a new child run {key!r}")
             step_id = str(uuid.uuid4())
             self._previous_id = step_id
-            self._store.upsert_workflow_version(child.name, child.version, child.graph, "python")
+            self._store.versions.upsert_workflow_version(
+                child.name, child.version, child.graph, "python"
+            )
             with passed_in(f"input of step {key!r}"):
-                started = self._store.start_child(
+                started = self._store.workflows.start_child(
                     self.run_id,
                     step_id,
                     key,
@@ -533,13 +538,13 @@ class WorkflowContext:
         ended = self._ended(key, step, rpc_name)
         if ended is not _IN_FLIGHT:
             return ended
-        if step.status == "pending" and self._store.take_pending_step(
+        if step.status == "pending" and self._store.claims.take_pending_step(
             step.step_id, step.attempt_count
         ):
             # The parent was resumed or rerun: its child goes on from where it ended.
             child_id = step.child_run_id or child_run_id
             reopen(self._store, child_id, rerun_completed=True)
-            self._store.record_attempt(
+            self._store.attempts.record_attempt(
                 step.step_id, step.attempt_count, "running", task_id=child_id
             )
             self._dispatcher.orchestrate(child_id)

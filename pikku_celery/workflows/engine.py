@@ -162,7 +162,9 @@ class WorkflowEngine:
         run_id: str | None = None,
     ) -> str:
         store = self.store
-        store.upsert_workflow_version(workflow.name, workflow.version, workflow.graph, "python")
+        store.versions.upsert_workflow_version(
+            workflow.name, workflow.version, workflow.graph, "python"
+        )
         call = {"args": list(args), "kwargs": kwargs}
         with passed_in(f"input of workflow {workflow.name!r}"):
             if run_id is None:
@@ -171,7 +173,7 @@ class WorkflowEngine:
                 )
                 started = True
             else:
-                started = store.start_run(
+                started = store.workflows.start_run(
                     workflow.name,
                     call,
                     run_id=run_id,
@@ -224,7 +226,7 @@ class WorkflowEngine:
     def _wake(self, run_id: str, step_id: str, attempt: int) -> None:
         # A durable sleep's wake-up (a wait's timeout is a plain replay at its deadline).
         try:
-            self.store.record_attempt(step_id, attempt, "succeeded")
+            self.store.attempts.record_attempt(step_id, attempt, "succeeded")
         except StepNotFound:  # the run went with its steps
             _gone("wake-up", run_id)
             return
@@ -246,7 +248,7 @@ class WorkflowEngine:
         count, after = 0, ""
         names = sorted(self.workflows)
         while True:
-            run_ids = self.store.unsettled_runs(names, after=after, limit=page)
+            run_ids = self.store.reaping.unsettled_runs(names, after=after, limit=page)
             for run_id in run_ids:
                 self.dispatcher.orchestrate(run_id)
             count += len(run_ids)
@@ -322,7 +324,7 @@ class WorkflowEngine:
         open_steps = [s for s in store.list_step_states(run_id) if s.status in _UNFINISHED]
         parent = parent_of(run)
         with store.transaction() as conn:
-            cancelled = store.move_run(
+            cancelled = store.claims.move_run(
                 run_id,
                 "cancelled",
                 from_statuses=("running", "suspended"),
@@ -330,11 +332,11 @@ class WorkflowEngine:
                 conn=conn,
             )
             for step in open_steps:
-                store.record_attempt(
+                store.attempts.record_attempt(
                     step.step_id, step.attempt_count, "cancelled", error=error, conn=conn
                 )
             if cancelled and parent is not None:
-                store.end_child(
+                store.workflows.end_child(
                     parent[1],
                     run_id,
                     "cancelled",
@@ -364,6 +366,6 @@ class WorkflowEngine:
         """
         run = self._workflow_run(run_id)
         with passed_in(f"data of event {name!r}"):
-            event_id = self.store.send_event(run.run_id, name, data)
+            event_id = self.store.workflows.send_event(run.run_id, name, data)
         self.dispatcher.orchestrate(run_id)
         return event_id

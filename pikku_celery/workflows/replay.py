@@ -49,7 +49,7 @@ def _settle(
 ) -> None:
     """End the run; a child's end is its parent's step's end, and replays the parent."""
     parent = parent_of(run)
-    moved = store.settle_workflow_run(
+    moved = store.workflows.settle_workflow_run(
         run.run_id,
         status,
         from_statuses=_GOING,
@@ -81,7 +81,7 @@ def replay(
         _settle(store, run, dispatcher, "failed", error=_conflict_document(conflict))
         return "failed"
     if run.status == "suspended":
-        store.move_run(run_id, "running", from_statuses=("suspended",))
+        store.claims.move_run(run_id, "running", from_statuses=("suspended",))
     steps = {step.step_name: step for step in store.list_step_states(run_id)}
     watch = (
         VersionWatch(workflow.name, run_id, run.graph_hash, workflow.version, steps)
@@ -94,7 +94,7 @@ def replay(
         output = _walk(workflow, ctx, call)
     except Suspend:
         if ctx.sleeping:
-            store.move_run(run_id, "suspended", from_statuses=("running",))
+            store.claims.move_run(run_id, "suspended", from_statuses=("running",))
             return "sleeping"
         return "waiting"
     except Diverged as diverged:
@@ -125,7 +125,7 @@ def replay(
             run_id,
             extra={"action": "version_undecided", "run_id": run_id},
         )
-        store.move_run(run_id, "suspended", from_statuses=("running",))
+        store.claims.move_run(run_id, "suspended", from_statuses=("running",))
         return "undecided"
     except StepFailed as exc:
         document = error_document(exc)

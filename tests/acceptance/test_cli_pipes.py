@@ -32,7 +32,7 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
             store.create_run("bulk", {"number": number, "padding": "x" * 200})
         run_id = store.create_run("checkout", {"order": 1})
         store.schedule_step(run_id, "step-1", "charge", "shop.charge", {}, task_id="step-1")
-        store.record_attempt("step-1", 1, "running", task_id="step-1", worker="w@h", pid=1)
+        store.attempts.record_attempt("step-1", 1, "running", task_id="step-1", worker="w@h", pid=1)
     finally:
         store.close()
     return url, run_id

@@ -83,28 +83,28 @@ def seed_failed_run(store: WorkflowStore) -> tuple[str, str]:
     run_id = store.create_run("checkout", {"order": 7})
     reserve, charge = str(uuid.uuid4()), str(uuid.uuid4())
     store.schedule_step(run_id, reserve, "reserve", "shop.reserve", {}, task_id=reserve)
-    store.record_attempt(reserve, 1, "running", task_id=reserve, worker="w1@host", pid=41)
-    store.record_attempt(reserve, 1, "succeeded", result={"reserved": True})
+    store.attempts.record_attempt(reserve, 1, "running", task_id=reserve, worker="w1@host", pid=41)
+    store.attempts.record_attempt(reserve, 1, "succeeded", result={"reserved": True})
     store.schedule_step(
         run_id, charge, "charge", "shop.charge", {}, from_step_name="reserve", task_id=charge
     )
-    store.record_attempt(charge, 1, "running", task_id=charge, worker="w1@host", pid=41)
-    store.record_attempt(
+    store.attempts.record_attempt(charge, 1, "running", task_id=charge, worker="w1@host", pid=41)
+    store.attempts.record_attempt(
         charge,
         1,
         "failed",
         error={"type": "ConnectionError", "message": "gateway timeout", "traceback": "Tb 1"},
     )
-    store.record_attempt(charge, 2, "scheduled", task_id=charge, reason="retry")
-    store.record_attempt(charge, 2, "running", task_id=charge, worker="w2@host", pid=52)
-    store.record_attempt(charge, 2, "running", task_id=charge, worker="w2@host", pid=53)
-    store.record_attempt(
+    store.attempts.record_attempt(charge, 2, "scheduled", task_id=charge, reason="retry")
+    store.attempts.record_attempt(charge, 2, "running", task_id=charge, worker="w2@host", pid=52)
+    store.attempts.record_attempt(charge, 2, "running", task_id=charge, worker="w2@host", pid=53)
+    store.attempts.record_attempt(
         charge,
         2,
         "failed",
         error={"type": "ValueError", "message": "card declined " + "x" * 80, "traceback": "Tb"},
     )
-    store.settle_run(run_id, "failed", {"type": "ValueError", "message": "card declined"})
+    store.attempts.settle_run(run_id, "failed", {"type": "ValueError", "message": "card declined"})
     return run_id, charge
 
 

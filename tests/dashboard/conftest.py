@@ -35,8 +35,10 @@ def seed(store: WorkflowStore) -> Seeded:
     charge = str(uuid.uuid4())
     store.schedule_step(failed, charge, "charge", "shop.charge", {"args": [1]}, task_id=charge)
     for attempt in (1, 2, 3):
-        store.record_attempt(charge, attempt, "running", task_id=charge, worker="w1@host", pid=41)
-        store.record_attempt(
+        store.attempts.record_attempt(
+            charge, attempt, "running", task_id=charge, worker="w1@host", pid=41
+        )
+        store.attempts.record_attempt(
             charge,
             attempt,
             "failed",
@@ -47,20 +49,22 @@ def seed(store: WorkflowStore) -> Seeded:
             },
         )
         if attempt < 3:
-            store.record_attempt(charge, attempt + 1, "scheduled", task_id=charge, reason="retry")
-    store.settle_run(failed, "failed", {"type": "ConnectionError", "message": XSS})
+            store.attempts.record_attempt(
+                charge, attempt + 1, "scheduled", task_id=charge, reason="retry"
+            )
+    store.attempts.settle_run(failed, "failed", {"type": "ConnectionError", "message": XSS})
 
     completed = store.create_run("checkout", {"order": 2})
     reserve = str(uuid.uuid4())
     store.schedule_step(completed, reserve, "reserve", "shop.reserve", {}, task_id=reserve)
-    store.record_attempt(reserve, 1, "running", task_id=reserve, worker="w1@host", pid=42)
-    store.record_attempt(reserve, 1, "succeeded", result={"reserved": True})
-    store.complete_run_if_done(completed)
+    store.attempts.record_attempt(reserve, 1, "running", task_id=reserve, worker="w1@host", pid=42)
+    store.attempts.record_attempt(reserve, 1, "succeeded", result={"reserved": True})
+    store.attempts.complete_run_if_done(completed)
 
     running = store.create_run("report", {})
     build = str(uuid.uuid4())
     store.schedule_step(running, build, "build", None, {}, task_id=build)
-    store.record_attempt(build, 1, "running", task_id=build, worker="w2@host", pid=43)
+    store.attempts.record_attempt(build, 1, "running", task_id=build, worker="w2@host", pid=43)
     return Seeded(failed=failed, completed=completed, running=running, charge_step=charge)
 
 
@@ -84,8 +88,8 @@ def lost_run(
     run_id = store.create_run("delivery", {"parcel": 7}, wire=wire)
     ship = str(uuid.uuid4())
     store.schedule_step(run_id, ship, "ship", "shop.ship", {}, task_id=ship)
-    store.record_attempt(ship, 1, "running", task_id=ship, worker="w9@host", pid=99)
-    assert store.mark_lost(ship, 1, 1, error or LOST_ERROR)
+    store.attempts.record_attempt(ship, 1, "running", task_id=ship, worker="w9@host", pid=99)
+    assert store.reaping.mark_lost(ship, 1, 1, error or LOST_ERROR)
     return run_id, ship
 
 

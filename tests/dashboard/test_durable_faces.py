@@ -111,7 +111,7 @@ def test_runs_that_take_no_events_have_no_events_section(
 
 def test_event_names_and_data_are_escaped(client: TestClient, store: WorkflowStore) -> None:
     run_id = store.create_run("refund", {}, wire={"type": "workflow"})
-    store.send_event(run_id, f"approval {XSS}", {"note": XSS})
+    store.workflows.send_event(run_id, f"approval {XSS}", {"note": XSS})
     html = client.get(f"/runs/{run_id}").text
     assert XSS not in html
     assert "<code>approval &lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;</code>" in html

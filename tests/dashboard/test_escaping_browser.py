@@ -50,17 +50,17 @@ def evil_run(pg_url: str) -> Iterator[EvilRun]:
         step_name = f"step {PAYLOAD}"
         got = store.schedule_step(run_id, step_id, step_name, None, {}, task_id=step_id)
         assert got == step_name
-        store.record_attempt(step_id, 1, "running", task_id=step_id)
-        store.record_attempt(
+        store.attempts.record_attempt(step_id, 1, "running", task_id=step_id)
+        store.attempts.record_attempt(
             step_id, 1, "failed", error={"type": "ValueError", "message": f"boom {PAYLOAD}"}
         )
-        store.record_attempt(step_id, 2, "scheduled", task_id=step_id, reason="retry")
-        store.record_attempt(step_id, 2, "running", task_id=step_id)
-        store.record_attempt(step_id, 2, "succeeded", result=PAYLOAD)
+        store.attempts.record_attempt(step_id, 2, "scheduled", task_id=step_id, reason="retry")
+        store.attempts.record_attempt(step_id, 2, "running", task_id=step_id)
+        store.attempts.record_attempt(step_id, 2, "succeeded", result=PAYLOAD)
         branch, event_name = f"branch {PAYLOAD}", f"event {PAYLOAD}"
-        store.set_branch_taken(step_id, branch)
-        store.send_event(run_id, event_name, EVENT_DATA)
-        assert store.complete_run_if_done(run_id)
+        store.workflows.set_branch_taken(step_id, branch)
+        store.workflows.send_event(run_id, event_name, EVENT_DATA)
+        assert store.attempts.complete_run_if_done(run_id)
         yield EvilRun(run_id, step_name, f"ValueError: boom {PAYLOAD}", event_name, branch)
     finally:
         store.delete_run(run_id)

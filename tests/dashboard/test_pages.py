@@ -115,10 +115,10 @@ def test_user_data_is_escaped_everywhere(client: TestClient, store: WorkflowStor
     run_id = store.create_run(f"wf{XSS}", {"x": XSS})
     step_id = str(uuid.uuid4())
     store.schedule_step(run_id, step_id, f"step{evil}", f"rpc{XSS}", {"data": XSS})
-    store.record_attempt(step_id, 1, "running", worker=f"w{evil}")
-    store.record_attempt(step_id, 1, "failed", error={"type": evil, "message": XSS})
+    store.attempts.record_attempt(step_id, 1, "running", worker=f"w{evil}")
+    store.attempts.record_attempt(step_id, 1, "failed", error={"type": evil, "message": XSS})
     store.update_run_state(run_id, f"key{evil}", XSS)
-    store.settle_run(run_id, "failed", {"type": evil, "message": XSS, "traceback": XSS})
+    store.attempts.settle_run(run_id, "failed", {"type": evil, "message": XSS, "traceback": XSS})
 
     for path in ("/", f"/runs/{run_id}", f"/?workflow=wf{XSS}"):
         html = client.get(path, params=None).text

@@ -75,7 +75,7 @@ def test_step_of_a_missing_run_is_a_typed_error(store: WorkflowStore) -> None:
 def test_running_event_is_one_round_trip(store: WorkflowStore) -> None:
     _, step_id = scheduled_step(store)
     with count_statements(store.engine) as log:
-        store.record_attempt(step_id, 1, "running", task_id=step_id, worker="w1", pid=7)
+        store.attempts.record_attempt(step_id, 1, "running", task_id=step_id, worker="w1", pid=7)
     if store.dialect == "postgresql":
         assert len(log) == 1
     else:
@@ -84,8 +84,10 @@ def test_running_event_is_one_round_trip(store: WorkflowStore) -> None:
 
 def test_execution_details_are_recorded(store: WorkflowStore) -> None:
     run_id, step_id = scheduled_step(store)
-    store.record_attempt(step_id, 1, "running", task_id="celery-id", worker="celery@a", pid=42)
-    store.record_attempt(step_id, 1, "succeeded", result={"paid": True})
+    store.attempts.record_attempt(
+        step_id, 1, "running", task_id="celery-id", worker="celery@a", pid=42
+    )
+    store.attempts.record_attempt(step_id, 1, "succeeded", result={"paid": True})
     [attempt] = store.get_run_history(run_id)
     assert (attempt.status, attempt.result, attempt.task_id, attempt.worker, attempt.pid) == (
         "succeeded",
@@ -157,32 +159,34 @@ def test_every_order_of_events_converges_to_the_ordered_outcome(store: WorkflowS
 
 def test_duplicate_terminal_events_change_nothing(store: WorkflowStore) -> None:
     run_id, step_id = scheduled_step(store)
-    store.record_attempt(step_id, 1, "running")
-    store.record_attempt(step_id, 1, "succeeded", result=1)
+    store.attempts.record_attempt(step_id, 1, "running")
+    store.attempts.record_attempt(step_id, 1, "succeeded", result=1)
     before = snapshot(store, run_id)
-    store.record_attempt(step_id, 1, "succeeded", result=2)
-    store.record_attempt(step_id, 1, "failed", error=ValueError("late"))
-    store.record_attempt(step_id, 1, "scheduled")
+    store.attempts.record_attempt(step_id, 1, "succeeded", result=2)
+    store.attempts.record_attempt(step_id, 1, "failed", error=ValueError("late"))
+    store.attempts.record_attempt(step_id, 1, "scheduled")
     assert snapshot(store, run_id) == before
 
 
 def test_redelivery_counts_on_the_same_attempt(store: WorkflowStore) -> None:
     run_id, step_id = scheduled_step(store)
-    store.record_attempt(step_id, 1, "running", worker="w1", pid=1)
-    store.record_attempt(step_id, 1, "running", worker="w2", pid=2)  # the message came back
-    store.record_attempt(step_id, 1, "succeeded", result="ok")
+    store.attempts.record_attempt(step_id, 1, "running", worker="w1", pid=1)
+    store.attempts.record_attempt(
+        step_id, 1, "running", worker="w2", pid=2
+    )  # the message came back
+    store.attempts.record_attempt(step_id, 1, "succeeded", result="ok")
     [attempt] = store.get_run_history(run_id)
     assert (attempt.attempt, attempt.status, attempt.delivery_count) == (1, "succeeded", 2)
     assert (attempt.worker, attempt.pid) == ("w2", 2)
     # Redelivered after it had already succeeded: counted, never rewound.
-    store.record_attempt(step_id, 1, "running", worker="w3")
+    store.attempts.record_attempt(step_id, 1, "running", worker="w3")
     [again] = store.get_run_history(run_id)
     assert (again.status, again.delivery_count, again.result) == ("succeeded", 3, "ok")
 
 
 def test_attempt_row_is_created_when_it_is_missing(store: WorkflowStore) -> None:
     run_id, step_id = scheduled_step(store)
-    store.record_attempt(step_id, 3, "running")  # attempts 2 and 3 never announced
+    store.attempts.record_attempt(step_id, 3, "running")  # attempts 2 and 3 never announced
     state = store.get_step_state(run_id, "charge")
     assert (state.status, state.attempt_count) == ("running", 3)
     assert [(a.attempt, a.status) for a in store.get_run_history(run_id)] == [
@@ -193,7 +197,7 @@ def test_attempt_row_is_created_when_it_is_missing(store: WorkflowStore) -> None
 
 def test_event_for_unknown_step_is_a_typed_error(store: WorkflowStore) -> None:
     with pytest.raises(StepNotFound):
-        store.record_attempt("missing", 1, "running")
+        store.attempts.record_attempt("missing", 1, "running")
 
 
 def test_run_completes_only_when_every_step_succeeded(store: WorkflowStore) -> None:
@@ -203,20 +207,20 @@ def test_run_completes_only_when_every_step_succeeded(store: WorkflowStore) -> N
     store.schedule_step(run_id, a, "a", None, [])
     store.schedule_step(run_id, b, "b", None, [], from_step_name="a")
     # The last link's success is recorded before its predecessor's: events race.
-    store.record_attempt(b, 1, "succeeded", result=0)
-    assert store.complete_run_if_done(run_id) is False
+    store.attempts.record_attempt(b, 1, "succeeded", result=0)
+    assert store.attempts.complete_run_if_done(run_id) is False
     assert store.get_run(run_id).status == "running"
-    store.record_attempt(a, 1, "succeeded", result=1)
-    assert store.complete_run_if_done(run_id) is True
+    store.attempts.record_attempt(a, 1, "succeeded", result=1)
+    assert store.attempts.complete_run_if_done(run_id) is True
     run = store.get_run(run_id)
     assert (run.status, run.output) == ("completed", 0)  # the last step's result, falsy kept
 
 
 def test_settled_runs_stay_settled(store: WorkflowStore) -> None:
     run_id = store.create_run("canvas", {})
-    assert store.settle_run(run_id, "failed", ValueError("charge failed")) is True
-    assert store.settle_run(run_id, "cancelled") is False
-    assert store.complete_run_if_done(run_id) is False
+    assert store.attempts.settle_run(run_id, "failed", ValueError("charge failed")) is True
+    assert store.attempts.settle_run(run_id, "cancelled") is False
+    assert store.attempts.complete_run_if_done(run_id) is False
     run = store.get_run(run_id)
     assert run.status == "failed"
     assert run.error is not None and run.error["message"] == "charge failed"

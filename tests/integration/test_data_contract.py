@@ -82,7 +82,7 @@ def write_every_way(store: WorkflowStore) -> dict[str, str]:
     single = store.insert_step_state(run_id, "reserve", "shop.reserve", {}, retry_delay=0.2)
     store.set_step_running(single.step_id)
     store.set_step_error(single.step_id, raised(CodedError("card declined")))
-    store.create_retry_attempt(single.step_id, "running")
+    store.attempts.create_retry_attempt(single.step_id, "running")
     store.set_step_result(single.step_id, "reserved")
 
     scheduled = str(uuid.uuid4())
@@ -95,11 +95,11 @@ def write_every_way(store: WorkflowStore) -> dict[str, str]:
         retry_delay=180,
         eta=now + dt.timedelta(seconds=5),
     )
-    store.record_attempt(scheduled, 1, "running", worker="w1@host", pid=7)
-    store.record_attempt(scheduled, 1, "failed", error=raised(ValueError("gateway")))
+    store.attempts.record_attempt(scheduled, 1, "running", worker="w1@host", pid=7)
+    store.attempts.record_attempt(scheduled, 1, "failed", error=raised(ValueError("gateway")))
 
     lone_run, lone_step = str(uuid.uuid4()), str(uuid.uuid4())
-    store.apply_batch(
+    store.batches.apply_batch(
         MirrorBatch(
             steps=[
                 NewStep(
@@ -131,8 +131,8 @@ def write_every_way(store: WorkflowStore) -> dict[str, str]:
             ],
         )
     )
-    store.update_run_status(run_id, "failed", error=raised(CodedError("declined")))
-    store.upsert_workflow_version("checkout", "h1", {"nodes": []}, "complex")
+    store.runs.update_run_status(run_id, "failed", error=raised(CodedError("declined")))
+    store.versions.upsert_workflow_version("checkout", "h1", {"nodes": []}, "complex")
     return {"run": run_id, "lone_run": lone_run, "single": single.step_id, "lone": lone_step}
 
 
@@ -304,7 +304,7 @@ def test_a_reader_on_the_views_gets_json_text_decoding_to_the_values(
 ) -> None:
     run_id = pg_store.create_run("checkout", {"order": 1})
     pg_store.update_run_state(run_id, "receipt_id", "r-1")
-    pg_store.update_run_status(run_id, "completed", output="order 1 shipped")
+    pg_store.runs.update_run_status(run_id, "completed", output="order 1 shipped")
     with pg_store.engine.connect() as conn:
         conn.exec_driver_sql("SET search_path TO pikku_compat")
         row = (
@@ -342,7 +342,7 @@ def test_writing_through_a_view_fails_and_says_the_views_are_read_only(
 ) -> None:
     run_id = pg_store.create_run("checkout", {})
     pg_store.insert_step_state(run_id, "a", None, None)
-    pg_store.upsert_workflow_version("checkout", "h1", {}, "dsl")
+    pg_store.versions.upsert_workflow_version("checkout", "h1", {}, "dsl")
     with pytest.raises(sa.exc.DBAPIError) as failed, pg_store.engine.begin() as conn:
         conn.exec_driver_sql(statement)
     assert getattr(failed.value.orig, "sqlstate", None) == "25006"
@@ -472,7 +472,7 @@ def test_a_retried_step_shows_its_newest_attempt_to_a_millisecond_reader(
         # The failure and the retry's schedule at one instant, as Celery's retry has them.
         AttemptRetried(id=f"{step_id}-3", at=at, step_id=step_id, attempt=1, error_json=error),
     ]
-    store.apply_batch(plan([Pending(n, e) for n, e in enumerate(events)]))
+    store.batches.apply_batch(plan([Pending(n, e) for n, e in enumerate(events)]))
     history = store.get_run_history(step_id)
     assert [(a.attempt, a.status) for a in history] == [(1, "failed"), (2, "scheduled")]
     assert _newest_as_pikku_reads(history) == 2
@@ -484,11 +484,11 @@ def test_a_lost_attempt_retried_shows_the_new_attempt_to_a_millisecond_reader(
     run_id = store.create_run("charge", {"args": [], "kwargs": {}}, wire={"type": "task"})
     step_id = str(uuid.uuid4())
     store.schedule_step(run_id, step_id, "charge", "shop.charge", {"args": []}, task_id=step_id)
-    store.record_attempt(step_id, 1, "running", task_id=step_id, worker="gone@host", pid=4)
+    store.attempts.record_attempt(step_id, 1, "running", task_id=step_id, worker="gone@host", pid=4)
     lost = {"type": "WorkerLost", "message": "lost", "traceback": None}
-    [seen] = store.open_attempts(idle_for=0)
-    assert store.mark_lost(step_id, 1, seen.delivery_count, lost)
-    assert store.give_up_lost(run_id, step_id, 1, lost, retry=True, settle_run=True)
+    [seen] = store.reaping.open_attempts(idle_for=0)
+    assert store.reaping.mark_lost(step_id, 1, seen.delivery_count, lost)
+    assert store.reaping.give_up_lost(run_id, step_id, 1, lost, retry=True, settle_run=True)
     history = store.get_run_history(run_id)
     assert [(a.attempt, a.status) for a in history] == [(1, "lost"), (2, "scheduled")]
     assert _newest_as_pikku_reads(history) == 2

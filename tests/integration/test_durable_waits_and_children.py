@@ -207,7 +207,7 @@ def test_a_child_workflow_completes_and_its_output_is_the_parent_step_result(
     assert child.wire["parent_step_id"] == step.step_id
     # The child's id is the parent step's key: a replay cannot make a second child.
     assert step.child_run_id == str(uuid.uuid5(PIKKU_NAMESPACE, f"{run_id}:ship"))
-    pikku.store.move_run(run_id, "running", from_statuses=("completed",))
+    pikku.store.claims.move_run(run_id, "running", from_statuses=("completed",))
     recorder(pikku).orchestrate(run_id)
     settle(pikku)
     assert len(store.list_runs()) == 2

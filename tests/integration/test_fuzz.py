@@ -127,11 +127,11 @@ def attempt_events(attempts: int) -> list[tuple[int, str]]:
 def apply(store: WorkflowStore, step_id: str, event: tuple[int, str]) -> None:
     attempt, status = event
     if status == "succeeded":
-        store.record_attempt(step_id, attempt, status, result={"attempt": attempt})
+        store.attempts.record_attempt(step_id, attempt, status, result={"attempt": attempt})
     elif status == "failed":
-        store.record_attempt(step_id, attempt, status, error=ValueError(f"try {attempt}"))
+        store.attempts.record_attempt(step_id, attempt, status, error=ValueError(f"try {attempt}"))
     else:
-        store.record_attempt(step_id, attempt, status)
+        store.attempts.record_attempt(step_id, attempt, status)
 
 
 def outcome(store: WorkflowStore, run_id: str) -> Any:

@@ -255,14 +255,14 @@ def test_events_set_aside_are_written_by_journal_replay_once_their_cause_is_fixe
     mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
     step_id = str(uuid.uuid4())
     mirror.published(step(step_id))
-    real = store.apply_batch
+    real = store.batches.apply_batch
 
     def broken(*args: object, **kwargs: object) -> object:
         raise RuntimeError("a bug in this version")
 
-    store.apply_batch = broken  # type: ignore[assignment,method-assign]
+    store.batches.apply_batch = broken  # type: ignore[assignment,method-assign]
     assert mirror.flush()  # set aside, not blocking anything
-    store.apply_batch = real  # type: ignore[method-assign]  # the fixed version
+    store.batches.apply_batch = real  # type: ignore[method-assign]  # the fixed version
     journal = mirror.delivery._open()
     assert (journal.depth(), journal.set_aside_count()) == (0, 1)
     mirror.close()  # the process ends; its journal stays, holding the event

@@ -18,32 +18,32 @@ from tests.support.threads import run_threads
 
 
 def test_a_lease_has_one_holder_until_it_expires(store: WorkflowStore) -> None:
-    assert store.lease_generation("reaper") == 0
-    first = store.take_lease("reaper", "worker-a", ttl=30)
+    assert store.leases.lease_generation("reaper") == 0
+    first = store.leases.take_lease("reaper", "worker-a", ttl=30)
     assert first == 1
-    assert store.take_lease("reaper", "worker-b", ttl=30) is None
-    assert store.lease_generation("reaper") == 1
-    assert store.release_lease("reaper", "worker-a", first)
-    assert store.take_lease("reaper", "worker-b", ttl=30) == 2
+    assert store.leases.take_lease("reaper", "worker-b", ttl=30) is None
+    assert store.leases.lease_generation("reaper") == 1
+    assert store.leases.release_lease("reaper", "worker-a", first)
+    assert store.leases.take_lease("reaper", "worker-b", ttl=30) == 2
 
 
 def test_an_expired_lease_is_taken_over_and_its_old_holder_cannot_renew_it(
     store: WorkflowStore,
 ) -> None:
-    old = store.take_lease("recovery", "worker-a", ttl=0.2)
+    old = store.leases.take_lease("recovery", "worker-a", ttl=0.2)
     assert old is not None
     time.sleep(0.3)
-    new = store.take_lease("recovery", "worker-b", ttl=30)
+    new = store.leases.take_lease("recovery", "worker-b", ttl=30)
     assert new == old + 1
-    assert not store.renew_lease("recovery", "worker-a", old, ttl=30)
-    assert store.renew_lease("recovery", "worker-b", new, ttl=30)
+    assert not store.leases.renew_lease("recovery", "worker-a", old, ttl=30)
+    assert store.leases.renew_lease("recovery", "worker-b", new, ttl=30)
 
 
 def test_a_released_lease_can_be_held_back_for_a_while(store: WorkflowStore) -> None:
-    generation = store.take_lease("reaper", "worker-a", ttl=30)
+    generation = store.leases.take_lease("reaper", "worker-a", ttl=30)
     assert generation is not None
-    store.release_lease("reaper", "worker-a", generation, hold=30)
-    assert store.take_lease("reaper", "worker-b", ttl=30) is None
+    store.leases.release_lease("reaper", "worker-a", generation, hold=30)
+    assert store.leases.take_lease("reaper", "worker-b", ttl=30) is None
 
 
 def test_of_many_takers_at_once_exactly_one_gets_the_lease(store: WorkflowStore) -> None:
@@ -53,7 +53,7 @@ def test_of_many_takers_at_once_exactly_one_gets_the_lease(store: WorkflowStore)
 
     def take(holder: str) -> None:
         barrier.wait()
-        generation = store.take_lease("recovery", holder, ttl=30)
+        generation = store.leases.take_lease("recovery", holder, ttl=30)
         with lock:
             got.append(generation)
 
@@ -68,28 +68,28 @@ def test_of_many_takers_at_once_exactly_one_gets_the_lease(store: WorkflowStore)
 def test_a_resting_lease_can_be_taken_over_the_rest_but_never_a_held_one(
     store: WorkflowStore,
 ) -> None:
-    held = store.take_lease("reaper", "worker-a", ttl=30)
+    held = store.leases.take_lease("reaper", "worker-a", ttl=30)
     assert held is not None
-    assert store.take_lease("reaper", "worker-b", ttl=30, over_resting=True) is None
-    store.release_lease("reaper", "worker-a", held, hold=30)
-    assert store.take_lease("reaper", "worker-c", ttl=30) is None
-    assert store.take_lease("reaper", "worker-b", ttl=30, over_resting=True) == held + 1
-    assert not store.release_lease("reaper", "worker-a", held)  # no longer its own
+    assert store.leases.take_lease("reaper", "worker-b", ttl=30, over_resting=True) is None
+    store.leases.release_lease("reaper", "worker-a", held, hold=30)
+    assert store.leases.take_lease("reaper", "worker-c", ttl=30) is None
+    assert store.leases.take_lease("reaper", "worker-b", ttl=30, over_resting=True) == held + 1
+    assert not store.leases.release_lease("reaper", "worker-a", held)  # no longer its own
 
 
 def test_a_lease_taken_since_a_given_moment_is_not_taken_again_even_when_free(
     store: WorkflowStore,
 ) -> None:
-    looked = store.lease_clock()
-    first = store.take_lease("recovery", "worker-a", ttl=30, if_taken_before=looked)
+    looked = store.leases.lease_clock()
+    first = store.leases.take_lease("recovery", "worker-a", ttl=30, if_taken_before=looked)
     assert first == 1
-    taken_at = store.lease_taken_at("recovery")
+    taken_at = store.leases.lease_taken_at("recovery")
     assert taken_at is not None and taken_at >= looked
-    store.release_lease("recovery", "worker-a", first)
+    store.leases.release_lease("recovery", "worker-a", first)
     # Free again, but taken since worker-b looked: that pass covers it.
-    assert store.take_lease("recovery", "worker-b", ttl=30, if_taken_before=looked) is None
-    later = store.lease_clock() + 0.001
-    assert store.take_lease("recovery", "worker-b", ttl=30, if_taken_before=later) == 2
+    assert store.leases.take_lease("recovery", "worker-b", ttl=30, if_taken_before=looked) is None
+    later = store.leases.lease_clock() + 0.001
+    assert store.leases.take_lease("recovery", "worker-b", ttl=30, if_taken_before=later) == 2
 
 
 def _no_reaper() -> Reaper:
@@ -118,7 +118,7 @@ def test_workers_that_started_before_a_recovery_pass_began_share_it(
 ) -> None:
     calls: list[str] = []
     upkeeps = _upkeeps(store, tmp_path, calls, 3)
-    started = store.lease_clock()  # all three started before any pass
+    started = store.leases.lease_clock()  # all three started before any pass
     run_threads(3, lambda i: upkeeps[i].recover_once(started))
     assert len(calls) == 1
 
@@ -128,13 +128,13 @@ def test_a_worker_that_started_during_a_pass_runs_one_more_after_it(
 ) -> None:
     calls: list[str] = []
     early, late, later = _upkeeps(store, tmp_path, calls, 3)
-    before = store.lease_generation("recovery")
-    going = threading.Thread(target=early.recover_once, args=(store.lease_clock(),))
+    before = store.leases.lease_generation("recovery")
+    going = threading.Thread(target=early.recover_once, args=(store.leases.lease_clock(),))
     going.start()
     wait = time.monotonic() + 5
-    while store.lease_generation("recovery") == before and time.monotonic() < wait:
+    while store.leases.lease_generation("recovery") == before and time.monotonic() < wait:
         time.sleep(0.01)
-    during = store.lease_clock()  # these two started while it ran
+    during = store.leases.lease_clock()  # these two started while it ran
     run_threads(2, lambda i: (late, later)[i].recover_once(during))
     going.join()
     assert len(calls) == 2  # the pass they found going, and one for both of them
@@ -156,7 +156,7 @@ def test_a_recovery_lease_a_dead_worker_holds_never_holds_up_the_reaper(
     store: WorkflowStore, tmp_path: Path
 ) -> None:
     # A worker died mid-recovery: its lease stands until it expires.
-    assert store.take_lease("recovery", "dead:1", ttl=30) is not None
+    assert store.leases.take_lease("recovery", "dead:1", ttl=30) is not None
     passes: list[float] = []
     recovered: list[str] = []
     mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)

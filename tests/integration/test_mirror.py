@@ -124,9 +124,9 @@ def test_a_batch_applied_twice_changes_nothing(store: WorkflowStore, tmp_path: P
     journal = mirror.delivery._open()
     pending = [Pending(e.seq, decode(e.kind, e.payload)) for e in journal.peek(100, time.time())]
     batch = plan(pending)
-    store.apply_batch(batch)
+    store.batches.apply_batch(batch)
     first = outcome(store, step_id)
-    store.apply_batch(batch)  # a COMMIT whose outcome was lost, or a journal adopted twice
+    store.batches.apply_batch(batch)  # a COMMIT whose outcome was lost, or a journal adopted twice
     assert outcome(store, step_id) == first == EXPECTED
     mirror.close(timeout=1)
 
@@ -262,7 +262,7 @@ def test_a_workflow_step_end_is_handed_on_only_after_it_is_committed(
     mirror = mirror_of(store, tmp_path)
     run_id = store.create_run("checkout", None, wire={"type": "workflow"})
     step_id = str(uuid.uuid4())
-    assert store.claim_step(run_id, step_id, "charge", "shop.charge", None)
+    assert store.claims.claim_step(run_id, step_id, "charge", "shop.charge", None)
     seen: list[tuple[str, str]] = []
 
     def replay(run_ids: object) -> None:
@@ -334,8 +334,8 @@ def test_the_ledger_of_counted_deliveries_forgets_old_ones(
     with store.engine.connect() as conn:
         before = conn.execute(ledger).scalar_one()
     now = dt.datetime.now(dt.timezone.utc)
-    assert store.prune_deliveries(now - dt.timedelta(days=1)) == 0  # nothing that old
-    assert store.prune_deliveries(now + dt.timedelta(seconds=1)) >= 1
+    assert store.batches.prune_deliveries(now - dt.timedelta(days=1)) == 0  # nothing that old
+    assert store.batches.prune_deliveries(now + dt.timedelta(seconds=1)) >= 1
     with store.engine.connect() as conn:
         assert conn.execute(ledger).scalar_one() < before
     mirror.close()
@@ -390,11 +390,11 @@ def test_two_last_steps_ending_at_once_in_two_processes_complete_their_run(
     second_done = threading.Event()
 
     def apply_second() -> None:
-        store.apply_batch(batches[1])
+        store.batches.apply_batch(batches[1])
         second_done.set()
 
     with store.transaction() as first:
-        store.apply_batch(batches[0], conn=first)  # not committed yet
+        store.batches.apply_batch(batches[0], conn=first)  # not committed yet
         other = threading.Thread(target=apply_second, daemon=True)
         other.start()
         # The second batch waits for the run's lock instead of judging on what it sees now.
@@ -469,7 +469,7 @@ def test_a_run_whose_next_step_waits_to_be_written_is_not_completed_by_the_one_b
     run_id = store.create_run("chain", None, wire={"type": "canvas"})
     first, second, unknown = (str(uuid.uuid4()) for _ in range(3))
     store.schedule_step(run_id, first, "inc", "bench.inc", {"args": [1], "kwargs": {}})
-    store.record_attempt(first, 1, "running")
+    store.attempts.record_attempt(first, 1, "running")
     now = dt.datetime.now(dt.timezone.utc)
     waits = NewStep(
         run_id=run_id,
@@ -480,7 +480,7 @@ def test_a_run_whose_next_step_waits_to_be_written_is_not_completed_by_the_one_b
         at=now,
         parent_step_id=unknown,  # published by a process whose batch has not landed
     )
-    result = store.apply_batch(
+    result = store.batches.apply_batch(
         MirrorBatch(
             steps=[waits],
             transitions=[StepTransition(first, 1, "succeeded", now, result_json="2")],
@@ -492,10 +492,10 @@ def test_a_run_whose_next_step_waits_to_be_written_is_not_completed_by_the_one_b
     assert store.get_run(run_id).status == "running"
     # Its parent lands; then it is written, runs and succeeds: now the run is done.
     store.schedule_step(run_id, unknown, "noop", "bench.noop", None)
-    store.record_attempt(unknown, 1, "succeeded", result=None)
-    store.apply_batch(MirrorBatch(steps=[replace(waits, at=now)]))
+    store.attempts.record_attempt(unknown, 1, "succeeded", result=None)
+    store.batches.apply_batch(MirrorBatch(steps=[replace(waits, at=now)]))
     assert store.get_run(run_id).status == "running"
-    store.apply_batch(
+    store.batches.apply_batch(
         MirrorBatch(
             transitions=[StepTransition(second, 1, "succeeded", now, result_json="3")],
             outcomes=[RunOutcome(second, run_id, "complete", now)],

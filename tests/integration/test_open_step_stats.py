@@ -31,9 +31,9 @@ def test_each_open_status_is_counted_and_finished_steps_are_not(store: WorkflowS
     lost_step(store)
     scheduled_step(store)
     _, done = running_step(store)
-    store.record_attempt(done, 1, "succeeded", result=1)
+    store.attempts.record_attempt(done, 1, "succeeded", result=1)
     _, failed = running_step(store)
-    store.record_attempt(failed, 1, "failed", error={"type": "E", "message": "no"})
+    store.attempts.record_attempt(failed, 1, "failed", error={"type": "E", "message": "no"})
 
     # Just scheduled: not stale yet, but it is once the threshold has passed.
     assert store.count_open_steps(600) == OpenStepCounts(lost=1, running=2, stale_scheduled=0)
@@ -53,7 +53,7 @@ def test_the_count_agrees_with_the_list_the_reaper_reports(store: WorkflowStore)
     scheduled_step(store)
     scheduled_step(store, eta=later(HOUR))
     running_step(store)
-    listed = store.stale_scheduled(older_than=0)
+    listed = store.reaping.stale_scheduled(older_than=0)
     assert len(listed) == 2
     assert store.count_open_steps(0).stale_scheduled == len(listed)
 
@@ -61,11 +61,11 @@ def test_the_count_agrees_with_the_list_the_reaper_reports(store: WorkflowStore)
 def test_a_lost_step_given_up_or_redelivered_is_no_longer_lost(store: WorkflowStore) -> None:
     run_id, given_up = lost_step(store)
     # Retried as attempt 2: scheduled again, as fresh as its new attempt.
-    assert store.give_up_lost(run_id, given_up, 1, LOST, retry=True, settle_run=False)
+    assert store.reaping.give_up_lost(run_id, given_up, 1, LOST, retry=True, settle_run=False)
     _, redelivered = lost_step(store)
-    store.record_attempt(redelivered, 1, "running", worker="w2@host", task_id=redelivered)
+    store.attempts.record_attempt(redelivered, 1, "running", worker="w2@host", task_id=redelivered)
     failed_run, failed = lost_step(store)
-    assert store.give_up_lost(failed_run, failed, 1, LOST, retry=False, settle_run=True)
+    assert store.reaping.give_up_lost(failed_run, failed, 1, LOST, retry=False, settle_run=True)
     assert store.count_open_steps(600) == OpenStepCounts(lost=0, running=1, stale_scheduled=0)
     assert store.count_open_steps(600, at=later(601)).stale_scheduled == 1
 

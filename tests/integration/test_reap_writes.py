@@ -15,8 +15,8 @@ def test_open_attempts_lists_current_running_attempts_with_what_the_reaper_needs
 ) -> None:
     run_id, step_id = running_step(store)
     done_run, done_step = running_step(store)
-    store.record_attempt(done_step, 1, "succeeded", result=1)
-    [found] = [a for a in store.open_attempts() if a.run_id in (run_id, done_run)]
+    store.attempts.record_attempt(done_step, 1, "succeeded", result=1)
+    [found] = [a for a in store.reaping.open_attempts() if a.run_id in (run_id, done_run)]
     assert (found.step_id, found.attempt, found.status, found.worker, found.pid) == (
         step_id,
         1,
@@ -32,16 +32,16 @@ def test_open_attempts_lists_current_running_attempts_with_what_the_reaper_needs
     )
     assert found.data == {"args": [1], "kwargs": {}}
     # Not idle for an hour yet: not a candidate.
-    assert step_id not in [a.step_id for a in store.open_attempts(idle_for=3600)]
+    assert step_id not in [a.step_id for a in store.reaping.open_attempts(idle_for=3600)]
 
 
 def test_an_attempt_is_lost_once_and_only_for_the_delivery_that_was_seen(
     store: WorkflowStore,
 ) -> None:
     run_id, step_id = running_step(store)
-    assert not store.mark_lost(step_id, 1, 2, LOST)  # a redelivery the reaper never saw
-    assert store.mark_lost(step_id, 1, 1, LOST)
-    assert not store.mark_lost(step_id, 1, 1, LOST)  # a second reaper changes nothing
+    assert not store.reaping.mark_lost(step_id, 1, 2, LOST)  # a redelivery the reaper never saw
+    assert store.reaping.mark_lost(step_id, 1, 1, LOST)
+    assert not store.reaping.mark_lost(step_id, 1, 1, LOST)  # a second reaper changes nothing
     step = store.get_step_state(run_id, "charge")
     assert (step.status, step.error and step.error["worker"]) == ("lost", "w1@host")
     [attempt] = store.get_run_history(run_id)
@@ -53,13 +53,13 @@ def test_a_redelivery_continues_a_lost_attempt_and_its_outcome_clears_the_loss(
     store: WorkflowStore,
 ) -> None:
     run_id, step_id = running_step(store)
-    assert store.mark_lost(step_id, 1, 1, LOST)
-    store.record_attempt(step_id, 1, "running", worker="w2@host", pid=8, task_id=step_id)
+    assert store.reaping.mark_lost(step_id, 1, 1, LOST)
+    store.attempts.record_attempt(step_id, 1, "running", worker="w2@host", pid=8, task_id=step_id)
     [attempt] = store.get_run_history(run_id)
     assert (attempt.status, attempt.delivery_count, attempt.worker) == ("running", 2, "w2@host")
     assert store.get_step_state(run_id, "charge").status == "running"
-    store.record_attempt(step_id, 1, "succeeded", result="ok")
-    store.complete_run_if_done(run_id)
+    store.attempts.record_attempt(step_id, 1, "succeeded", result="ok")
+    store.attempts.complete_run_if_done(run_id)
     [attempt] = store.get_run_history(run_id)
     assert (attempt.status, attempt.error, attempt.result) == ("succeeded", None, "ok")
     assert store.get_run(run_id).status == "completed"
@@ -67,9 +67,9 @@ def test_a_redelivery_continues_a_lost_attempt_and_its_outcome_clears_the_loss(
 
 def test_giving_up_with_retries_left_schedules_a_new_attempt_once(store: WorkflowStore) -> None:
     run_id, step_id = running_step(store)
-    store.mark_lost(step_id, 1, 1, LOST)
-    assert store.give_up_lost(run_id, step_id, 1, LOST, retry=True, settle_run=True)
-    assert not store.give_up_lost(run_id, step_id, 1, LOST, retry=True, settle_run=True)
+    store.reaping.mark_lost(step_id, 1, 1, LOST)
+    assert store.reaping.give_up_lost(run_id, step_id, 1, LOST, retry=True, settle_run=True)
+    assert not store.reaping.give_up_lost(run_id, step_id, 1, LOST, retry=True, settle_run=True)
     history = store.get_run_history(run_id)
     assert [(a.attempt, a.status, a.reason) for a in history] == [
         (1, "lost", "first"),
@@ -82,8 +82,8 @@ def test_giving_up_with_retries_left_schedules_a_new_attempt_once(store: Workflo
 
 def test_giving_up_for_good_fails_the_step_and_the_run(store: WorkflowStore) -> None:
     run_id, step_id = running_step(store, retries=0)
-    store.mark_lost(step_id, 1, 1, LOST)
-    assert store.give_up_lost(run_id, step_id, 1, LOST, retry=False, settle_run=True)
+    store.reaping.mark_lost(step_id, 1, 1, LOST)
+    assert store.reaping.give_up_lost(run_id, step_id, 1, LOST, retry=False, settle_run=True)
     step = store.get_step_state(run_id, "charge")
     assert (step.status, step.error and step.error["type"]) == ("failed", LOST["type"])
     run = store.get_run(run_id)
@@ -94,9 +94,11 @@ def test_giving_up_for_good_fails_the_step_and_the_run(store: WorkflowStore) -> 
 
 def test_only_an_attempt_still_lost_is_given_up(store: WorkflowStore) -> None:
     run_id, step_id = running_step(store)
-    store.mark_lost(step_id, 1, 1, LOST)
-    store.record_attempt(step_id, 1, "running", worker="w2@host", task_id=step_id)  # redelivered
-    assert not store.give_up_lost(run_id, step_id, 1, LOST, retry=False, settle_run=True)
+    store.reaping.mark_lost(step_id, 1, 1, LOST)
+    store.attempts.record_attempt(
+        step_id, 1, "running", worker="w2@host", task_id=step_id
+    )  # redelivered
+    assert not store.reaping.give_up_lost(run_id, step_id, 1, LOST, retry=False, settle_run=True)
     assert store.get_run(run_id).status == "running"
 
 
@@ -110,7 +112,7 @@ def test_stale_scheduled_lists_old_messages_but_not_ones_held_back_on_purpose(
     store.schedule_step(
         later_run, later_step, "b", "shop.b", {}, eta=future, new_run=NewRun("b", {})
     )
-    stale = {s.step_id: s for s in store.stale_scheduled(older_than=0)}
+    stale = {s.step_id: s for s in store.reaping.stale_scheduled(older_than=0)}
     assert step_id in stale and later_step not in stale
     assert (stale[step_id].step_name, stale[step_id].attempt) == ("a", 1)
-    assert step_id not in [s.step_id for s in store.stale_scheduled(older_than=3600)]
+    assert step_id not in [s.step_id for s in store.reaping.stale_scheduled(older_than=3600)]

@@ -58,7 +58,7 @@ def _running_on_a_dead_worker(store: WorkflowStore, kind: str) -> tuple[str, str
     run_id = store.create_run("checkout", {"args": [], "kwargs": {}}, wire={"type": kind})
     step_id = str(uuid.uuid4())
     store.schedule_step(run_id, step_id, "charge", "reaped.charge", {"args": [1]}, task_id=step_id)
-    store.record_attempt(step_id, 1, "running", task_id=step_id, worker="gone@host", pid=4)
+    store.attempts.record_attempt(step_id, 1, "running", task_id=step_id, worker="gone@host", pid=4)
     return run_id, step_id
 
 
@@ -140,7 +140,9 @@ def test_a_claim_whose_message_never_went_out_is_sent_once(
 ) -> None:
     run_id = store.create_run("checkout", {"args": [], "kwargs": {}}, wire={"type": "workflow"})
     step_id = str(uuid.uuid4())
-    assert store.claim_step(run_id, step_id, "charge", "reaped.charge", {"args": [7], "kwargs": {}})
+    assert store.claims.claim_step(
+        run_id, step_id, "charge", "reaped.charge", {"args": [7], "kwargs": {}}
+    )
     assert _reaper(app, store, claim_grace=60).reap().unsent_sent == []  # not overdue yet
     sent: list[tuple[str, int]] = []
     report = _reaper(app, store, claim_grace=0, dispatched=lambda *s: sent.append(s)).reap()

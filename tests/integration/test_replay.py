@@ -43,8 +43,8 @@ def long_workflow(steps: int) -> Workflow:
 def finish_dispatched(store: WorkflowStore, recorder: Recorder, value: int = 1) -> None:
     """What a worker does with each dispatched step: run it, record success."""
     step_id, _, attempt = recorder.steps[-1]
-    store.record_attempt(step_id, attempt, "running")
-    store.record_attempt(step_id, attempt, "succeeded", result=value)
+    store.attempts.record_attempt(step_id, attempt, "running")
+    store.attempts.record_attempt(step_id, attempt, "succeeded", result=value)
 
 
 def test_a_replay_costs_the_same_however_many_steps_are_done(store: WorkflowStore) -> None:
@@ -96,7 +96,7 @@ def test_concurrent_replays_dispatch_each_step_once(pg_engine: sa.Engine) -> Non
 def test_a_replay_of_a_settled_run_does_nothing(store: WorkflowStore) -> None:
     workflow = long_workflow(1)
     run_id = start(store, workflow)
-    store.settle_run(run_id, "cancelled")
+    store.attempts.settle_run(run_id, "cancelled")
     recorder = Recorder()
     with count_statements(store.engine) as log:
         assert replay(store, workflow, run_id, recorder) == "settled"

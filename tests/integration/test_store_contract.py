@@ -164,7 +164,7 @@ def test_attempt_row_keeps_its_id_across_transitions(store: WorkflowStore) -> No
 def test_transition_finds_attempt_through_current_attempt(store: WorkflowStore) -> None:
     _, step_id = new_step(store)
     store.set_step_error(step_id, RuntimeError("first"))
-    store.create_retry_attempt(step_id, "pending")
+    store.attempts.create_retry_attempt(step_id, "pending")
     # Give attempt 1 a later creation time than attempt 2: sorting by time would pick it.
     with store.engine.begin() as conn:
         conn.execute(
@@ -241,7 +241,7 @@ def test_success_clears_error_and_failure_clears_result(store: WorkflowStore) ->
     assert failed.error is not None
     assert failed.error["type"] == "ValueError"
     assert failed.error["message"] == "card declined"
-    store.create_retry_attempt(step_id, "running")
+    store.attempts.create_retry_attempt(step_id, "running")
     store.set_step_result(step_id, {"paid": True})
     done = store.get_step_state(run_id, "charge")
     assert (done.status, done.result, done.error) == ("succeeded", {"paid": True}, None)
@@ -271,7 +271,7 @@ def test_retry_in_the_same_millisecond_resolves_the_new_attempt(store: WorkflowS
     run_id, step_id = new_step(store)
     store.set_step_running(step_id)
     store.set_step_error(step_id, ValueError("first"))
-    store.create_retry_attempt(step_id, "running")
+    store.attempts.create_retry_attempt(step_id, "running")
     # Put both attempts in the same instant: only current_attempt tells them apart.
     with store.engine.begin() as conn:
         conn.execute(
@@ -290,7 +290,7 @@ def test_retry_in_the_same_millisecond_resolves_the_new_attempt(store: WorkflowS
 def test_retry_attempt_moves_step_and_adds_row_atomically(store: WorkflowStore) -> None:
     run_id, step_id = new_step(store)
     store.set_step_error(step_id, ValueError("first"))
-    state = store.create_retry_attempt(step_id, "running")
+    state = store.attempts.create_retry_attempt(step_id, "running")
     assert state.attempt_count == 2
     assert state.status == "running"
     assert (state.result, state.error) == (None, None)
@@ -301,7 +301,7 @@ def test_retry_attempt_moves_step_and_adds_row_atomically(store: WorkflowStore) 
 
     with store.engine.connect() as conn:
         trans = conn.begin()
-        store.create_retry_attempt(step_id, "pending", conn=conn)
+        store.attempts.create_retry_attempt(step_id, "pending", conn=conn)
         trans.rollback()
     assert store.get_step_state(run_id, "charge").attempt_count == 2
     assert len(attempt_rows(store, step_id)) == 2
@@ -309,10 +309,10 @@ def test_retry_attempt_moves_step_and_adds_row_atomically(store: WorkflowStore) 
 
 def test_retry_attempt_of_unknown_step_is_a_typed_error(store: WorkflowStore) -> None:
     with pytest.raises(StepNotFound):
-        store.create_retry_attempt("missing", "pending")
+        store.attempts.create_retry_attempt("missing", "pending")
     _, step_id = new_step(store)
     with pytest.raises(InvalidStatus):
-        store.create_retry_attempt(step_id, "succeeded")  # type: ignore[arg-type]
+        store.attempts.create_retry_attempt(step_id, "succeeded")  # type: ignore[arg-type]
 
 
 # 6. legacy rows without current_attempt -----------------------------------------
@@ -384,9 +384,9 @@ def test_run_history_lists_every_attempt_in_order(store: WorkflowStore) -> None:
     second = store.insert_step_state(run_id, "charge", None, None, from_step_name="reserve")
     store.set_step_result(first.step_id, "r")
     store.set_step_error(second.step_id, ValueError("1"))
-    store.create_retry_attempt(second.step_id, "running")
+    store.attempts.create_retry_attempt(second.step_id, "running")
     store.set_step_error(second.step_id, ValueError("2"))
-    store.create_retry_attempt(second.step_id, "running")
+    store.attempts.create_retry_attempt(second.step_id, "running")
     store.set_step_result(second.step_id, "c")
     history = store.get_run_history(run_id)
     assert [(a.step_name, a.attempt, a.status) for a in history] == [
@@ -471,7 +471,7 @@ def test_run_state_of_unknown_run_is_a_typed_error(store: WorkflowStore) -> None
 @pytest.mark.parametrize("output", [0, "", False, [], {}, None])
 def test_falsy_output_is_stored_as_itself(store: WorkflowStore, output: Any) -> None:
     run_id = store.create_run("checkout", {})
-    store.update_run_status(run_id, "completed", output=output)
+    store.runs.update_run_status(run_id, "completed", output=output)
     run = store.get_run(run_id)
     assert run.status == "completed"
     assert run.output == output
@@ -489,19 +489,19 @@ def test_run_status_error_and_validation(store: WorkflowStore) -> None:
         {"type": "celery"},
     )
     assert (run.state, run.inline, run.deterministic) == ({}, False, False)
-    store.update_run_status(run_id, "failed", error=ValueError("step charge failed"))
+    store.runs.update_run_status(run_id, "failed", error=ValueError("step charge failed"))
     failed = store.get_run(run_id)
     assert failed.error is not None and failed.error["message"] == "step charge failed"
     with pytest.raises(InvalidStatus, match="completed"):
-        store.update_run_status(run_id, "done")
+        store.runs.update_run_status(run_id, "done")
     with pytest.raises(RunNotFound):
-        store.update_run_status("missing", "completed")
+        store.runs.update_run_status("missing", "completed")
     assert store.get_run(run_id).status == "failed"
 
 
 def test_list_runs_filters_and_pages_newest_first(store: WorkflowStore) -> None:
     ids = [store.create_run("checkout" if i % 2 else "refund", {"i": i}) for i in range(6)]
-    store.update_run_status(ids[1], "completed")
+    store.runs.update_run_status(ids[1], "completed")
     newest_first = [run.run_id for run in store.list_runs()]
     assert newest_first == ids[::-1]
     assert [r.run_id for r in store.list_runs(limit=2, offset=2)] == ids[::-1][2:4]
@@ -518,7 +518,7 @@ def test_list_runs_filters_and_pages_newest_first(store: WorkflowStore) -> None:
 
 def test_delete_run_takes_steps_and_attempts_with_it(store: WorkflowStore) -> None:
     run_id, step_id = new_step(store)
-    store.create_retry_attempt(step_id, "running")
+    store.attempts.create_retry_attempt(step_id, "running")
     keep_run, _ = new_step(store)
     assert store.delete_run(run_id) is True
     assert store.delete_run(run_id) is False
@@ -603,8 +603,14 @@ def test_large_and_deep_values_round_trip(store: WorkflowStore) -> None:
 
 
 def test_workflow_versions_first_writer_wins(store: WorkflowStore) -> None:
-    assert store.upsert_workflow_version("checkout", "h1", {"steps": ["a"]}, "complex") is True
-    assert store.upsert_workflow_version("checkout", "h1", {"steps": ["b"]}, "complex") is False
+    assert (
+        store.versions.upsert_workflow_version("checkout", "h1", {"steps": ["a"]}, "complex")
+        is True
+    )
+    assert (
+        store.versions.upsert_workflow_version("checkout", "h1", {"steps": ["b"]}, "complex")
+        is False
+    )
     version = store.get_workflow_version("checkout", "h1")
     assert version is not None
     assert (version.graph, version.source, version.status) == (
@@ -613,13 +619,13 @@ def test_workflow_versions_first_writer_wins(store: WorkflowStore) -> None:
         "active",
     )
     assert store.get_workflow_version("checkout", "h2") is None
-    store.update_workflow_version_status("checkout", "h1", "declined")
+    store.versions.update_workflow_version_status("checkout", "h1", "declined")
     declined = store.get_workflow_version("checkout", "h1")
     assert declined is not None and declined.status == "declined"
     with pytest.raises(VersionNotFound):
-        store.update_workflow_version_status("checkout", "h2", "active")
+        store.versions.update_workflow_version_status("checkout", "h2", "active")
     with pytest.raises(InvalidStatus):
-        store.update_workflow_version_status("checkout", "h1", "gone")
+        store.versions.update_workflow_version_status("checkout", "h1", "gone")
 
 
 def test_run_id_can_be_given(store: WorkflowStore) -> None:

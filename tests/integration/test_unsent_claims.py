@@ -20,7 +20,7 @@ from pikku_celery.store.journal import Journal, journaled_steps
 def _claimed(store: WorkflowStore, rpc_name: str = "shop.charge") -> tuple[str, str]:
     run_id = store.create_run("checkout", {"args": [], "kwargs": {}}, wire={"type": "workflow"})
     step_id = str(uuid.uuid4())
-    assert store.claim_step(run_id, step_id, "charge", rpc_name, {"args": [1], "kwargs": {}})
+    assert store.claims.claim_step(run_id, step_id, "charge", rpc_name, {"args": [1], "kwargs": {}})
     return run_id, step_id
 
 
@@ -33,7 +33,7 @@ def test_a_claim_is_unsent_until_its_dispatch_reaches_sql(
     mirror.dispatched(sent, 1)
     assert mirror.flush()
     time.sleep(0.05)
-    [unsent] = store.unsent_claims(older_than=0)
+    [unsent] = store.reaping.unsent_claims(older_than=0)
     assert (unsent.run_id, unsent.step_id, unsent.step_name, unsent.attempt) == (
         run_id,
         step_id,
@@ -41,7 +41,7 @@ def test_a_claim_is_unsent_until_its_dispatch_reaches_sql(
         1,
     )
     assert unsent.run_kind == "workflow" and unsent.data == {"args": [1], "kwargs": {}}
-    assert store.unsent_claims(older_than=60) == []  # not overdue yet
+    assert store.reaping.unsent_claims(older_than=60) == []  # not overdue yet
     [attempt] = store.get_run_history(run_id)
     assert attempt.status == "scheduled" and attempt.task_id is None
     mirror.close()
@@ -66,7 +66,7 @@ def test_a_dispatch_that_comes_after_the_step_started_changes_nothing(
 def test_of_two_reapers_one_retakes_an_unsent_claim(store: WorkflowStore) -> None:
     _, step_id = _claimed(store)
     time.sleep(0.01)
-    [unsent] = store.unsent_claims(older_than=0)
+    [unsent] = store.reaping.unsent_claims(older_than=0)
     assert unsent.scheduled_at is not None
     won: list[bool] = []
     lock = threading.Lock()
@@ -74,7 +74,7 @@ def test_of_two_reapers_one_retakes_an_unsent_claim(store: WorkflowStore) -> Non
 
     def retake() -> None:
         barrier.wait()
-        got = store.retake_claim(step_id, 1, unsent.scheduled_at)  # type: ignore[arg-type]
+        got = store.reaping.retake_claim(step_id, 1, unsent.scheduled_at)  # type: ignore[arg-type]
         with lock:
             won.append(got)
 
@@ -84,7 +84,7 @@ def test_of_two_reapers_one_retakes_an_unsent_claim(store: WorkflowStore) -> Non
     for reaper in reapers:
         reaper.join()
     assert sorted(won) == [False, True]
-    assert store.unsent_claims(older_than=30) == []  # sent just now: its grace starts again
+    assert store.reaping.unsent_claims(older_than=30) == []  # sent just now: its grace starts again
 
 
 def test_the_journals_of_a_folder_tell_which_steps_still_wait_there(tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ def test_a_failed_canvas_or_task_is_told_to_be_published_again_not_resumed(
     pikku: PikkuCelery, store: WorkflowStore
 ) -> None:
     canvas = store.create_run("checkout", {}, wire={"type": "canvas"})
-    store.settle_run(canvas, "failed", {"type": "RuntimeError", "message": "no courier"})
+    store.attempts.settle_run(canvas, "failed", {"type": "RuntimeError", "message": "no courier"})
     with pytest.raises(RunFailed) as raised:
         pikku.wait(canvas, timeout=1)
     message = str(raised.value)
@@ -140,7 +140,7 @@ def test_a_failed_canvas_or_task_is_told_to_be_published_again_not_resumed(
     assert "pikku.resume" not in message
 
     task = store.create_run("shop.charge", {}, wire={"type": "task"})
-    store.settle_run(task, "failed", "card declined")
+    store.attempts.settle_run(task, "failed", "card declined")
     with pytest.raises(RunFailed, match=r"publish the task again \(`task.delay\(...\)`"):
         pikku.wait(task, timeout=1)
 

@@ -237,13 +237,13 @@ ship_task = ShipTask()
 
 
 def finish_step(store: WorkflowStore, step_id: str, result: Any) -> None:
-    store.record_attempt(step_id, 1, "running")
-    store.record_attempt(step_id, 1, "succeeded", result=result)
+    store.attempts.record_attempt(step_id, 1, "running")
+    store.attempts.record_attempt(step_id, 1, "succeeded", result=result)
 
 
 def published_by(store: WorkflowStore, run_id: str, step: str, name: str) -> None:
     """A mirrored task the step's task sent: a step of the run after that step."""
-    store.claim_step(
+    store.claims.claim_step(
         run_id,
         f"{run_id}-{name}",
         name,

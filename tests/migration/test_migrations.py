@@ -165,7 +165,7 @@ def test_upgrade_from_0001_keeps_rows_and_adds_attempt_columns(empty_url: str) -
         )
     store.init()
     assert store.schema_revision() == migrate.head_revision()
-    store.record_attempt("s1", 1, "succeeded", result="done")
+    store.attempts.record_attempt("s1", 1, "succeeded", result="done")
     [attempt] = store.get_run_history("r1")
     assert (attempt.step_name, attempt.status, attempt.result) == ("old-step", "succeeded", "done")
     assert (attempt.delivery_count, attempt.worker) == (0, None)

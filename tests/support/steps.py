@@ -41,12 +41,12 @@ def scheduled_step(
 def running_step(store: WorkflowStore, *, retries: int | None = 1) -> tuple[str, str]:
     """Attempt 1 running on worker ``w1@host``, pid 7."""
     run_id, step_id = scheduled_step(store, retries=retries)
-    store.record_attempt(step_id, 1, "running", worker="w1@host", pid=7, task_id=step_id)
+    store.attempts.record_attempt(step_id, 1, "running", worker="w1@host", pid=7, task_id=step_id)
     return run_id, step_id
 
 
 def lost_step(store: WorkflowStore) -> tuple[str, str]:
     """Attempt 1 lost with its worker."""
     run_id, step_id = running_step(store)
-    assert store.mark_lost(step_id, 1, 1, LOST)
+    assert store.reaping.mark_lost(step_id, 1, 1, LOST)
     return run_id, step_id

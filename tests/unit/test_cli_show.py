@@ -33,7 +33,7 @@ def failed_to_publish(store: WorkflowStore) -> str:
     try:
         raise ConnectionRefusedError(LONG)
     except ConnectionRefusedError as exc:
-        store.settle_run(run_id, "failed", exc)
+        store.attempts.settle_run(run_id, "failed", exc)
     return run_id
 
 
@@ -59,9 +59,11 @@ def test_a_run_with_steps_shows_its_whole_error_too(
     run_id = store.create_run("checkout", {})
     step = str(uuid.uuid4())
     store.schedule_step(run_id, step, "charge", "shop.charge", {}, task_id=step)
-    store.record_attempt(step, 1, "running", task_id=step, worker="w@h", pid=7)
-    store.record_attempt(step, 1, "failed", error={"type": "ValueError", "message": LONG})
-    store.settle_run(run_id, "failed", {"type": "StepFailed", "message": f"charge: {LONG}"})
+    store.attempts.record_attempt(step, 1, "running", task_id=step, worker="w@h", pid=7)
+    store.attempts.record_attempt(step, 1, "failed", error={"type": "ValueError", "message": LONG})
+    store.attempts.settle_run(
+        run_id, "failed", {"type": "StepFailed", "message": f"charge: {LONG}"}
+    )
     text = show(store, run_id, capsys)
     [error_row] = [line for line in text.splitlines() if line.startswith("error ")]
     assert error_row.endswith(" ".join(f"StepFailed: charge: {LONG}".split()))

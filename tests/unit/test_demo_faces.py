@@ -74,9 +74,11 @@ def test_results_are_json_in_the_demos_tables_as_in_runs_show(sqlite_store: Work
     run_id = store.create_run("checkout", {"order": 1})
     step = str(uuid.uuid4())
     store.schedule_step(run_id, step, "reserve", "shop.reserve", {}, task_id=step)
-    store.record_attempt(step, 1, "running", task_id=step)
-    store.record_attempt(step, 1, "succeeded", result={"charged": 42.0, "ok": True, "n": None})
-    store.settle_workflow_run(
+    store.attempts.record_attempt(step, 1, "running", task_id=step)
+    store.attempts.record_attempt(
+        step, 1, "succeeded", result={"charged": 42.0, "ok": True, "n": None}
+    )
+    store.workflows.settle_workflow_run(
         run_id, "completed", from_statuses=("running",), output="order 1 shipped"
     )
     history = format_history(store.get_run_history(run_id))
@@ -93,14 +95,16 @@ def test_runs_show_prints_each_failed_attempts_traceback_under_it(
     run_id = store.create_run("checkout", {})
     step = str(uuid.uuid4())
     store.schedule_step(run_id, step, "charge", "shop.charge", {}, task_id=step)
-    store.record_attempt(step, 1, "running", task_id=step)
+    store.attempts.record_attempt(step, 1, "running", task_id=step)
     traceback = 'Traceback (most recent call last):\n  File "shop.py", line 9\nOSError: down\n'
-    store.record_attempt(
+    store.attempts.record_attempt(
         step, 1, "failed", error={"type": "OSError", "message": "down", "traceback": traceback}
     )
-    store.record_attempt(step, 2, "scheduled", task_id=step, reason="retry")
-    store.record_attempt(step, 2, "running", task_id=step)
-    store.record_attempt(step, 2, "failed", error={"type": "ValueError", "message": "no tb"})
+    store.attempts.record_attempt(step, 2, "scheduled", task_id=step, reason="retry")
+    store.attempts.record_attempt(step, 2, "running", task_id=step)
+    store.attempts.record_attempt(
+        step, 2, "failed", error={"type": "ValueError", "message": "no tb"}
+    )
     text = format_run(
         store.get_run(run_id), store.list_step_states(run_id), store.get_run_history(run_id)
     )

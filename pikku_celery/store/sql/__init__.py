@@ -1,6 +1,30 @@
-"""The statements the store sends, one module per operation module of the store
-(``attempts`` for ``store/attempts.py``, ``reap`` for ``store/reap.py``, ...)."""
+"""The statements the store sends, one module per operation of the store (``attempts``
+for ``store/attempts.py``, ``reap`` for ``store/reap.py``, ...), imported by name."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from pikku_celery.store.sql import (
+    attempts,
+    batches,
+    claims,
+    leases,
+    prune,
+    reap,
+    runs,
+    stats,
+    versions,
+    workflows,
+)
+
+__all__ = [
+    "attempts",
+    "batches",
+    "claims",
+    "leases",
+    "prune",
+    "reap",
+    "runs",
+    "stats",
+    "versions",
+    "workflows",
+]

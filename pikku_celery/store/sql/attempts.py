@@ -18,18 +18,24 @@ from sqlalchemy.sql.dml import Insert, Update
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
-from pikku_celery.store.sql.workflow_store import TIMESTAMP_COLUMN, ranked_below
+from pikku_celery.store.models import STATUS_RANK
+from pikku_celery.store.sql.runs import STEP_COLUMNS
 
 __all__ = [
+    "TIMESTAMP_COLUMN",
     "Source",
     "all_steps_succeeded",
     "attempt_upsert",
     "attempt_values",
     "complete_run_if_done",
+    "insert_attempt",
     "insert_run_once",
     "last_result",
+    "ranked_below",
     "record_attempt",
     "record_attempt_step",
+    "retry_attempt_pg",
+    "retry_attempt_sqlite",
     "schedule_attempt",
     "schedule_step",
     "schedule_step_pg",
@@ -41,6 +47,26 @@ __all__ = [
 ]
 
 P = sa.bindparam
+
+# The attempt column each status stamps.
+TIMESTAMP_COLUMN: Final[dict[str, str | None]] = {
+    "pending": None,
+    "scheduled": "scheduled_at",
+    "running": "running_at",
+    "succeeded": "succeeded_at",
+    "failed": "failed_at",
+    "cancelled": "failed_at",
+}
+
+
+def ranked_below(column: sa.ColumnElement[Any], status: str) -> sa.ColumnElement[bool]:
+    """The column's status ranks below ``status`` (``STATUS_RANK``), spelled as the statuses
+    it rules out: short SQL (a batch statement holds it many times), nothing to evaluate."""
+    at_or_above = [name for name, order in STATUS_RANK.items() if order >= STATUS_RANK[status]]
+    return sa.and_(*(column != name for name in at_or_above))
+
+
+insert_attempt: Final = sa.insert(history)
 _TERMINAL: Final = ("succeeded", "failed", "cancelled")
 _EXECUTION_COLUMNS: Final = ("task_id", "worker", "pid", "eta")
 
@@ -388,3 +414,51 @@ settle_run: Final = (
     .where(runs.c.workflow_run_id == P("run_id"), _still_going)
     .values(status=P("new_status"), error=P("error"), updated_at=P("now"))
 )
+
+
+# --- the next attempt (resume, rerun) --------------------------------------------
+
+
+def _typed(name: str, column: sa.Column[Any]) -> sa.ColumnElement[Any]:
+    # In INSERT ... SELECT, PostgreSQL needs each parameter's type spelled out.
+    return sa.cast(P(name), column.type)
+
+
+def _retry_step_update(status: str) -> Update:
+    return (
+        sa.update(steps)
+        .where(steps.c.workflow_step_id == P("step_id"))
+        .values(
+            status=status,
+            result=None,
+            error=None,
+            current_attempt=sa.func.coalesce(steps.c.current_attempt, 1) + 1,
+            updated_at=P("now"),
+        )
+    )
+
+
+@cache
+def retry_attempt_pg(status: str) -> sa.Select[Any]:
+    """One round trip: the step moves to attempt n+1 and that attempt's row is added."""
+    step = _retry_step_update(status).returning(*STEP_COLUMNS).cte("step")
+    values: dict[str, Any] = {
+        "history_id": _typed("history_id", history.c.history_id),
+        "workflow_step_id": step.c.workflow_step_id,
+        "attempt": step.c.current_attempt,
+        "status": sa.literal(status, sa.Text),
+        "created_at": _typed("now", history.c.created_at),
+        "reason": _typed("reason", history.c.reason),
+    }
+    stamp = TIMESTAMP_COLUMN[status]
+    if stamp is not None:
+        values[stamp] = _typed("now", history.c.created_at)
+    add = sa.insert(history).from_select(
+        list(values), sa.select(*values.values()).select_from(step)
+    )
+    return sa.select(*step.c).add_cte(add.cte("attempt"))
+
+
+@cache
+def retry_attempt_sqlite(status: str) -> Update:
+    return _retry_step_update(status).returning(*STEP_COLUMNS)

@@ -20,7 +20,6 @@ from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
 
 __all__ = [
-    "SQLITE_BEGIN_WRITE",
     "count_batch_children",
     "count_prunable",
     "count_prunable_runs",
@@ -31,11 +30,6 @@ __all__ = [
 ]
 
 P = sa.bindparam
-
-# SQLite: take the write lock when the transaction starts, so the rows a batch
-# counts are the rows it deletes (a deferred transaction would read first and
-# could fail to upgrade its lock once another process has written).
-SQLITE_BEGIN_WRITE: Final = "BEGIN IMMEDIATE"
 
 
 def status_params(statuses: list[str]) -> dict[str, str]:
