@@ -149,7 +149,7 @@ class StepNotFound(NotFoundError):
         step_id: str | None = None,
         run_id: str | None = None,
         step_name: str | None = None,
-        hint: str = "create it with insert_step_state() first",
+        hint: str = "list the steps a run has with `pikku-celery runs show RUN_ID`",
     ) -> None:
         self.step_id = step_id
         self.run_id = run_id

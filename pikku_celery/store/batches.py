@@ -30,6 +30,7 @@ from pikku_celery.store.batch import (
 )
 from pikku_celery.store.common import like_prefix, new_id
 from pikku_celery.store.connector import Connector, by_dialect
+from pikku_celery.store.models import run_kind
 
 __all__ = ["Batches"]
 
@@ -38,10 +39,6 @@ def _iso(value: Any) -> str:
     if isinstance(value, dt.datetime):
         return value.isoformat()
     raise TypeError(f"{type(value).__name__} in a batch row")
-
-
-def _is_workflow(wire: Any) -> bool:
-    return isinstance(wire, dict) and wire.get("type") == "workflow"
 
 
 class Batches:
@@ -239,7 +236,7 @@ class Batches:
         for o in outcomes:
             _, run_of_step, wire = known[o.step_id]
             run_id = o.run_id or run_of_step
-            if o.kind == "replay" or (o.run_id is None and _is_workflow(wire)):
+            if o.kind == "replay" or (o.run_id is None and run_kind(wire) == "workflow"):
                 if run_id not in replay:
                     replay.append(run_id)
             elif o.kind == "complete":

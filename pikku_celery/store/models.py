@@ -112,6 +112,11 @@ class WorkflowRun:
     created_at: dt.datetime
     updated_at: dt.datetime
 
+    @property
+    def kind(self) -> str:
+        """``workflow``, ``canvas`` or ``task``: see :func:`run_kind`."""
+        return run_kind(self.wire)
+
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> WorkflowRun:
         return cls(
@@ -277,8 +282,10 @@ class WorkflowVersion:
 
 
 def run_kind(wire: Any) -> str:
-    """What made a run, from its ``wire``: ``workflow``, ``canvas`` or ``task``."""
-    return str(wire.get("type", "task")) if isinstance(wire, dict) else "task"
+    """What made a run, from its ``wire``: ``workflow``, ``canvas`` or ``task`` (a lone
+    task's own run, and anything this version does not know). The one place that decides."""
+    kind = wire.get("type") if isinstance(wire, dict) else None
+    return kind if kind in ("workflow", "canvas") else "task"
 
 
 def _step_to_send(row: Mapping[Any, Any]) -> dict[str, Any]:

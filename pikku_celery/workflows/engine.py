@@ -44,16 +44,6 @@ WAKE_TASK: Final = "pikku_celery.wake"
 _UNFINISHED: Final = ("pending", "scheduled", "running")
 
 
-def _is_workflow_run(run: WorkflowRun) -> bool:
-    return isinstance(run.wire, dict) and run.wire.get("type") == "workflow"
-
-
-def _kind(run: WorkflowRun) -> str:
-    """What made the run: "workflow", "canvas" or "task" (a lone task's own run)."""
-    kind = run.wire.get("type") if isinstance(run.wire, dict) else None
-    return kind if kind in ("workflow", "canvas") else "task"
-
-
 def _gone(message: str, run_id: str) -> None:
     # A message outlives its run when the run is deleted or pruned while the message
     # waits (a wait's deadline, a sleep's wake-up, a replay in the queue): nothing is
@@ -212,7 +202,7 @@ class WorkflowEngine:
         except RunNotFound:
             _gone("replay", run_id)
             return "gone"
-        if not _is_workflow_run(run):
+        if run.kind != "workflow":
             return "settled"  # a canvas or lone task: nothing here replays it
         workflow = self.workflows.get(run.workflow)
         if workflow is None:
@@ -281,7 +271,7 @@ class WorkflowEngine:
             if run.status == "completed":
                 return run.output
             if run.status == "failed":
-                raise RunFailed(run_id, run.error, _kind(run))
+                raise RunFailed(run_id, run.error, run.kind)
             if run.status == "cancelled":
                 raise RunCancelled(run_id)
             remaining = deadline - time.monotonic()
@@ -292,8 +282,8 @@ class WorkflowEngine:
 
     def _workflow_run(self, run_id: str) -> WorkflowRun:
         run = self.store.get_run(run_id)
-        if not _is_workflow_run(run):
-            raise NotAWorkflowRun(run_id, str((run.wire or {}).get("type", "task")))
+        if run.kind != "workflow":
+            raise NotAWorkflowRun(run_id, run.kind)
         return run
 
     def resume(self, run_id: str) -> list[str]:

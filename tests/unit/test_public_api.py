@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pikku_celery
 from pikku_celery import errors
+from pikku_celery.store import PUBLIC_METHODS, WorkflowStore
 
 
 def test_all_lists_exactly_the_public_names() -> None:
@@ -29,7 +30,7 @@ def test_every_error_has_one_root_and_a_message_that_says_what_to_do() -> None:
         assert issubclass(cls, errors.PikkuCeleryError), cls
         assert cls.__doc__, cls
     assert str(errors.SchemaNotCurrent()).endswith("run `pikku-celery db upgrade`.")
-    assert "insert_step_state" in str(errors.StepNotFound(run_id="r", step_name="s"))
+    assert "pikku-celery runs show RUN_ID" in str(errors.StepNotFound(run_id="r", step_name="s"))
     assert issubclass(errors.StoreUnavailable, errors.Transient)
 
 
@@ -60,3 +61,54 @@ def test_every_module_says_what_it_exports() -> None:
         )
     ]
     assert missing == []
+
+
+def test_the_store_face_offers_what_users_read_and_nothing_the_mirror_writes() -> None:
+    """What a user's code, the CLI and the dashboard call; the mirror's, the engine's and the
+    reaper's writes are reached through the store's operations, not its face."""
+    methods = {
+        name
+        for name, value in vars(WorkflowStore).items()
+        if callable(value) or isinstance(value, staticmethod)
+        if not name.startswith("_")
+    }
+    assert methods == set(PUBLIC_METHODS)
+    assert sorted(PUBLIC_METHODS) == sorted(
+        [
+            "init",
+            "schema_revision",
+            "latest_schema_revision",
+            "close",
+            "dispose_after_fork",
+            "transaction",
+            "create_run",
+            "get_run",
+            "list_runs",
+            "delete_run",
+            "update_run_state",
+            "get_run_state",
+            "get_step",
+            "get_step_state",
+            "list_step_states",
+            "get_run_history",
+            "list_events",
+            "get_workflow_version",
+            "run_counts",
+            "attempt_counts",
+            "attempt_totals",
+            "count_runs",
+            "search_runs",
+            "workflow_names",
+            "count_open_steps",
+            "lost_steps_by_run",
+            "oldest_running_attempt_age",
+            "count_prunable",
+            "count_prunable_runs",
+            "prune_batch",
+            "prune",
+        ]
+    )
+    for retired in ("set_step_result", "insert_step_state", "schedule_step", "apply_batch"):
+        assert not hasattr(WorkflowStore, retired), retired
+    assert WorkflowStore.__doc__ is not None
+    assert all(f"``{name}``" in WorkflowStore.__doc__ for name in PUBLIC_METHODS)
