@@ -17,12 +17,11 @@ from celery.canvas import Signature
 from pikku_celery.durations import format_duration, parse_duration
 from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration import signals
-from pikku_celery.integration.delivery import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL
-from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
 from pikku_celery.integration.upkeep import ENV_REAPER_INTERVAL, REAPER_INTERVAL, Upkeep
+from pikku_celery.mirror import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, CeleryMirror
 from pikku_celery.store import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, WorkflowStore
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.engine import WorkflowEngine

@@ -23,10 +23,10 @@ from celery.exceptions import Reject, Retry
 
 from pikku_celery.integration import control, replace
 from pikku_celery.integration import headers as h
-from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
 from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import finished_results, retry_policy
 from pikku_celery.integration.upkeep import Upkeep
+from pikku_celery.mirror import CeleryMirror, PublishedStep
 from pikku_celery.store import NewRun, error_document
 
 __all__ = ["Installed", "Mirrored", "RunContext", "current_run", "install", "mirror_of", "registry"]

@@ -22,7 +22,7 @@ from pikku_celery import PikkuCelery, WorkflowStore
 from pikku_celery.integration import headers as h
 from pikku_celery.integration import signals
 from pikku_celery.integration.task import finished_results
-from pikku_celery.store import journal_depth
+from pikku_celery.mirror import journal_depth
 from tests.acceptance.conftest import REDIS_URL, address, port_open, redis_db
 from tests.conftest import service_missing
 

@@ -16,7 +16,7 @@ from celery import Celery
 
 from pikku_celery import PikkuCelery
 from pikku_celery.integration import signals
-from pikku_celery.integration.mirror import unserialisable
+from pikku_celery.mirror import unserialisable
 from pikku_celery.testing import InlineRunner
 from pikku_celery.workflows.definition import Workflow
 

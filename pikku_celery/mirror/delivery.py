@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Final
 
 from pikku_celery.errors import SchemaNotCurrent, StoreConflict, StoreError, Transient
-from pikku_celery.integration.apply import Pending, plan
-from pikku_celery.integration.events import MirrorEvent, decode, encode
-from pikku_celery.store import Journal, JournalEntry, WorkflowStore, orphaned_journals
+from pikku_celery.mirror.apply import Pending, plan
+from pikku_celery.mirror.events import MirrorEvent, decode, encode
+from pikku_celery.mirror.journal import Journal, JournalEntry, orphaned_journals
+from pikku_celery.store import WorkflowStore
 
 __all__ = ["ENV_FLUSH_INTERVAL", "FLUSH_INTERVAL", "Delivery", "DeliveryStats"]
 

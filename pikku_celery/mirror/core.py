@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from pikku_celery.durations import format_duration
 from pikku_celery.errors import ConfigurationError, InvalidDuration, SerializationError
-from pikku_celery.integration.delivery import (
+from pikku_celery.mirror.delivery import (
     ADOPT_INTERVAL,
     BATCH_SIZE,
     FLUSH_INTERVAL,
@@ -33,7 +33,7 @@ from pikku_celery.integration.delivery import (
     Delivery,
     DeliveryStats,
 )
-from pikku_celery.integration.events import (
+from pikku_celery.mirror.events import (
     Adoption,
     AttemptEnded,
     AttemptReplaced,
@@ -45,15 +45,13 @@ from pikku_celery.integration.events import (
     StepPublished,
     new_event_id,
 )
-from pikku_celery.store import (
+from pikku_celery.mirror.journal import (
     ENV_JOURNAL_DIR,
-    NewRun,
-    WorkflowStore,
-    database_key,
+    database_folder,
     default_journal_dir,
-    journal_folder,
     probe_folder,
 )
+from pikku_celery.store import NewRun, WorkflowStore, database_key
 
 __all__ = ["CeleryMirror", "PublishedStep", "unserialisable"]
 
@@ -145,7 +143,7 @@ class CeleryMirror:
     def journal_folder(self) -> Path:
         """The folder of this database's journals."""
         root = self._journal_root or default_journal_dir()
-        return journal_folder(root, self._store.engine.url)
+        return database_folder(root, self.database_key)
 
     @property
     def database_key(self) -> str:
