@@ -108,7 +108,7 @@ def test_events_of_an_outage_wait_in_the_journal_in_order_and_are_written_when_i
     assert direct.get_step_state(before, "charge").status == "running"
 
     proxy.cut()
-    with caplog.at_level(logging.WARNING, logger="pikku_celery.mirror.delivery"):
+    with caplog.at_level(logging.WARNING, logger="pikku_celery.mirror"):
         mirror.retried(before, 1, ERROR, None)
         mirror.started(before, 2, worker="w", pid=2)
         mirror.succeeded(before, before, 2, {"paid": True})

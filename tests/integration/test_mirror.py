@@ -224,7 +224,7 @@ def test_a_poison_event_is_set_aside_and_the_rest_of_its_batch_lands(
     mirror.ended(bad, bad, 1, "exploded", ERROR)  # a status no attempt can have
     mirror.started(good, 1, worker="w", pid=1)
     mirror.succeeded(good, good, 1, "fine")
-    with caplog.at_level(logging.ERROR, logger="pikku_celery.mirror.delivery"):
+    with caplog.at_level(logging.ERROR, logger="pikku_celery.mirror"):
         assert mirror.flush()
     assert store.get_run(good).status == "completed"
     assert store.get_step_state(bad, "charge").status == "scheduled"
@@ -285,7 +285,7 @@ def test_an_unreachable_database_never_raises_and_keeps_events_in_the_journal(
 ) -> None:
     dead = WorkflowStore("postgresql://nobody:s3cret@127.0.0.1:1/none")
     mirror = CeleryMirror(dead, journal_dir=tmp_path, background=False)
-    with caplog.at_level(logging.WARNING, logger="pikku_celery.mirror.delivery"):
+    with caplog.at_level(logging.WARNING, logger="pikku_celery.mirror"):
         mirror.published(
             PublishedStep(run_id="r", step_id="s", step_name="n", rpc_name="t", data={})
         )
