@@ -14,8 +14,6 @@ import contextlib
 import datetime as dt
 import json
 import logging
-import os
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from pikku_celery.mirror.events import (
     StepPublished,
     new_event_id,
 )
+from pikku_celery.mirror.forks import ForkGuard
 from pikku_celery.mirror.journal import (
     ENV_JOURNAL_DIR,
     database_folder,
@@ -112,8 +111,7 @@ class CeleryMirror:
         background: bool = True,
     ):
         self._store = store
-        self._pid = os.getpid()
-        self._fork_lock = threading.Lock()
+        self._fork = ForkGuard(self._after_fork)
         self._journal_root = Path(journal_dir) if journal_dir is not None else None
         self._journal_failures = 0
         self._failure_logged_at = -_FAILURE_LOG_EVERY
@@ -131,13 +129,11 @@ class CeleryMirror:
     @property
     def store(self) -> WorkflowStore:
         """The store, with connections made by this process (never a parent's)."""
-        pid = os.getpid()
-        if pid != self._pid:
-            with self._fork_lock:
-                if pid != self._pid:
-                    self._store.dispose_after_fork()
-                    self._pid = pid
+        self._fork.check()
         return self._store
+
+    def _after_fork(self) -> None:
+        self._store.dispose_after_fork()
 
     @property
     def journal_folder(self) -> Path:

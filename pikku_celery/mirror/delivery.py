@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from pikku_celery.mirror.batches import BATCH_SIZE, BatchWriter, Committed
 from pikku_celery.mirror.deferral import GRACE, Deferral
 from pikku_celery.mirror.events import MirrorEvent, encode
 from pikku_celery.mirror.flusher import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, Flusher
+from pikku_celery.mirror.forks import ForkGuard, keep_inherited
 from pikku_celery.mirror.journal import Journal
 from pikku_celery.mirror.ledger import Ledger
 from pikku_celery.mirror.orphans import ADOPT_INTERVAL, Orphans
@@ -53,11 +53,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# Journals of a parent process, kept referenced in its forked children: closing
-# (or collecting) an SQLite connection or a lock inherited across fork would
-# act on the parent's.
-_INHERITED: list[object] = []
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +96,10 @@ class Delivery:
         self.adopt_interval = adopt_interval
         self.grace = grace
         self._listeners: list[Committed] = []
+        self._fork = ForkGuard(self._after_fork)
         self._reset()
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._journal: Journal | None = None
         self._appended = 0
@@ -134,13 +129,13 @@ class Delivery:
             adopt_interval=self.adopt_interval,
         )
 
+    def _after_fork(self) -> None:
+        if self._journal is not None:
+            keep_inherited(self._journal)
+        self._reset()
+
     def _this_process(self) -> None:
-        if os.getpid() != self._pid:
-            with self._lock:
-                if os.getpid() != self._pid:
-                    if self._journal is not None:
-                        _INHERITED.append(self._journal)
-                    self._reset()
+        self._fork.check()
 
     def on_committed(self, listener: Committed) -> None:
         """Call ``listener`` from the flusher thread after a batch that ended workflow steps."""
@@ -253,7 +248,7 @@ class Delivery:
         them, so a worker stops as fast as one without the mirror. ``timeout``
         bounds the wait for the flusher thread's batch in flight.
         """
-        if os.getpid() != self._pid:
+        if self._fork.forked:
             return  # a forked child leaves its parent's journal alone
         with self._lock:
             journal, self._journal = self._journal, None
