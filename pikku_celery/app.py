@@ -2,7 +2,7 @@
 
 The one piece above both the integration and the workflows: it wires them
 together and gives the signal handlers what they need of the workflows through
-the interface the integration defines (``signals.Installed``).
+the interface the integration defines (``installed.Installed``).
 """
 
 from __future__ import annotations
@@ -90,6 +90,15 @@ class PikkuCelery:
         reap_task = as_task_function(self._reap_task)
         app.task(name=REAP_TASK, ignore_result=True, shared=False)(reap_task)
         signals.install(self)
+
+    def uninstall(self) -> None:
+        """Stop mirroring this app's tasks in this process (``PikkuCelery(app)`` installed it).
+
+        Only this one is taken off: a ``PikkuCelery`` made on the same app after it stays.
+        The mirror itself stays open: what it journaled is written by its flusher (or
+        adopted from its journal later); ``self.mirror.close()`` writes it now.
+        """
+        signals.uninstall(self)
 
     @property
     def store(self) -> WorkflowStore:
