@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Final
 
-from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
+from pikku_celery.mirror import CeleryMirror, PublishedStep
 from pikku_celery.store import (
     MirrorBatch,
     NewRun,

@@ -26,13 +26,13 @@ import sqlalchemy as sa
 from celery import signals
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
-import pikku_celery.integration.mirror
+import pikku_celery.mirror.core
 import pikku_celery.store
 
 __all__ = ["Counts", "SqlCounter", "install_worker_counter", "worker_counts"]
 
 _STORE_DIR: Final = str(Path(pikku_celery.store.__file__).resolve().parent)
-_MIRROR_FILE: Final = str(Path(pikku_celery.integration.mirror.__file__).resolve())
+_MIRROR_FILE: Final = str(Path(pikku_celery.mirror.core.__file__).resolve())
 # Store methods whose label says which status they wrote (their SQL differs by it).
 _BY_STATUS: Final = frozenset({"record_attempt", "claim_step", "move_run"})
 

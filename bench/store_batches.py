@@ -30,7 +30,7 @@ from bench.lone_tasks import (
 from bench.store_floor import CapturedBatch, Floor, capture_calls
 from bench.store_settings import Settings
 from bench.store_targets import MAIN, Target
-from pikku_celery.integration.mirror import CeleryMirror
+from pikku_celery.mirror import CeleryMirror
 from pikku_celery.store import WorkflowStore
 
 TARGET_RATIO: Final = 0.7

@@ -2,7 +2,7 @@
 
 The one piece above both the integration and the workflows: it wires them
 together and gives the signal handlers what they need of the workflows through
-the interface the integration defines (``signals.Installed``).
+the interface the integration defines (``installed.Installed``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from celery.canvas import Signature
 from pikku_celery.durations import format_duration, parse_duration
 from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration import signals
-from pikku_celery.integration.delivery import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL
-from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
 from pikku_celery.integration.upkeep import ENV_REAPER_INTERVAL, REAPER_INTERVAL, Upkeep
+from pikku_celery.mirror import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, CeleryMirror
 from pikku_celery.store import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, WorkflowStore
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.engine import WorkflowEngine
@@ -91,6 +90,15 @@ class PikkuCelery:
         reap_task = as_task_function(self._reap_task)
         app.task(name=REAP_TASK, ignore_result=True, shared=False)(reap_task)
         signals.install(self)
+
+    def uninstall(self) -> None:
+        """Stop mirroring this app's tasks in this process (``PikkuCelery(app)`` installed it).
+
+        Only this one is taken off: a ``PikkuCelery`` made on the same app after it stays.
+        The mirror itself stays open: what it journaled is written by its flusher (or
+        adopted from its journal later); ``self.mirror.close()`` writes it now.
+        """
+        signals.uninstall(self)
 
     @property
     def store(self) -> WorkflowStore:

@@ -7,15 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pikku_celery.integration.mirror import CeleryMirror
-from pikku_celery.store import (
-    ENV_JOURNAL_DIR,
-    SUFFIX,
-    WorkflowStore,
-    journal_depth,
-    require_existing_database,
-    safe_url,
-)
+from pikku_celery.mirror import ENV_JOURNAL_DIR, SUFFIX, CeleryMirror, journal_depth
+from pikku_celery.store import WorkflowStore, require_existing_database, safe_url
 
 __all__ = ["add_journal_command", "cmd_journal"]
 

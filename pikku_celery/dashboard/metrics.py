@@ -13,15 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Final
 
+from pikku_celery.mirror import default_journal_dir, journal_depth, journal_folder
 from pikku_celery.store import (
     RUN_STATUSES,
     AttemptCount,
     AttemptTotals,
     OpenStepCounts,
     WorkflowStore,
-    default_journal_dir,
-    journal_depth,
-    journal_folder,
     safe_url,
 )
 

@@ -21,7 +21,7 @@ from celery import Celery
 from celery.worker import control as worker_control
 from celery.worker.control import inspect_command
 
-from pikku_celery.store import journaled_steps
+from pikku_celery.mirror import journaled_steps
 
 __all__ = ["HELD_COMMAND", "ClusterView", "ask", "register", "worker_started"]
 

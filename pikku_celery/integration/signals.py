@@ -16,20 +16,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple
 
 from celery import current_task, signals, states
 from celery.exceptions import Reject, Retry
 
-from pikku_celery.integration import control, replace
+from pikku_celery.integration import control, installed, replace
 from pikku_celery.integration import headers as h
-from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
-from pikku_celery.integration.selection import TaskSelection
-from pikku_celery.integration.task import finished_results, retry_policy
-from pikku_celery.integration.upkeep import Upkeep
+from pikku_celery.integration.installed import Installed, installed_on, registry
+from pikku_celery.integration.task import retry_policy
+from pikku_celery.mirror import PublishedStep
 from pikku_celery.store import NewRun, error_document
 
-__all__ = ["Installed", "Mirrored", "RunContext", "current_run", "install", "mirror_of", "registry"]
+__all__ = [
+    "Installed",
+    "Mirrored",
+    "RunContext",
+    "current_run",
+    "install",
+    "mirror_of",
+    "registry",
+    "uninstall",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -50,38 +58,17 @@ current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
 )
 
 
-class Installed(Protocol):
-    """What the handlers need of the object installed on an app (``PikkuCelery``, which
-    wires this layer and the workflows above it together, provides it)."""
-
-    @property
-    def app(self) -> Any: ...
-
-    @property
-    def mirror(self) -> CeleryMirror: ...
-
-    @property
-    def selection(self) -> TaskSelection: ...
-
-    def prepare_upkeep(self, hostname: str) -> Upkeep: ...
-
-    def start_upkeep(self, hostname: str) -> Upkeep: ...
-
-    def stop_upkeep(self) -> None: ...
-
-    def finished_result(self, step_id: str) -> tuple[bool, Any]: ...
-
-
-#: Every installed ``PikkuCelery``, by the id of its Celery app.
-registry: dict[int, Installed] = {}
-
-
 def install(pikku: Installed) -> None:
-    registry[id(pikku.app)] = pikku
-    finished_results[id(pikku.app)] = pikku.finished_result
+    """Mirror ``pikku.app``'s tasks in this process (the handlers are connected once)."""
+    installed.register(pikku)
     control.register(_journal_folders)
     for signal, handler in _HANDLERS:
         signal.connect(handler, weak=False, dispatch_uid=_UID.format(handler.__name__))
+
+
+def uninstall(pikku: Installed) -> None:
+    """Mirror ``pikku.app``'s tasks no more; the handlers stay, for the other apps."""
+    installed.unregister(pikku)
 
 
 def _isolated(handler: Callable[..., None]) -> Callable[..., None]:
@@ -102,7 +89,7 @@ def _isolated(handler: Callable[..., None]) -> Callable[..., None]:
 
 
 def _journal_folders(app: Any) -> list[Path]:
-    pikku = registry.get(id(app))
+    pikku = installed_on(app)
     return [] if pikku is None else [pikku.mirror.journal_folder]
 
 
@@ -115,7 +102,7 @@ class Mirrored(NamedTuple):
 
 def mirror_of(task: Any) -> Mirrored | None:
     """Whether a running task is mirrored, as its app's selection decides (cached per name)."""
-    pikku = registry.get(id(getattr(task, "app", None)))
+    pikku = installed_on(getattr(task, "app", None))
     if pikku is None:
         return None
     step_name = pikku.selection.step_name(task)
@@ -131,7 +118,7 @@ def step_of(task: Any, request: Any = None) -> Mirrored | None:
     request = request if request is not None else getattr(task, "request", None)
     if request is None or replace.continued_attempt(request) is None:
         return None
-    pikku = registry.get(id(getattr(task, "app", None)))
+    pikku = installed_on(getattr(task, "app", None))
     if pikku is None:
         return None
     return Mirrored(pikku, str(h.from_request(request, h.STEP_NAME) or ""))

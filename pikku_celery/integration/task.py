@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from celery import Task
 
 from pikku_celery.integration import headers as h
+from pikku_celery.integration.installed import installed_on
 
 if TYPE_CHECKING:
     _TaskBase = Task[Any, Any]
@@ -18,13 +19,8 @@ __all__ = [
     "WorkflowTask",
     "as_task_function",
     "default_step_name",
-    "finished_results",
     "retry_policy",
 ]
-
-#: ``(True, result)`` for a step that already succeeded, by the id of its Celery app:
-#: handed in by whatever installs the mirror on the app (the workflow engine's answer).
-finished_results: dict[int, Callable[[str], tuple[bool, Any]]] = {}
 
 
 def retry_policy(task: Any) -> tuple[int | None, float | None]:
@@ -63,9 +59,10 @@ class WorkflowTask(_TaskBase):
         if getattr(request, "id", None) and h.from_request(request, h.ORCHESTRATED):
             # A workflow step dispatched twice (a replay crashed between sending
             # it and recording that) must not do its work twice.
-            finished_result = finished_results.get(id(self.app))
-            if finished_result is not None:
-                done, result = finished_result(str(request.id))
+            # The workflow engine's answer, through what is installed on the app.
+            pikku = installed_on(self.app)
+            if pikku is not None:
+                done, result = pikku.finished_result(str(request.id))
                 if done:
                     return result
         return super().__call__(*args, **kwargs)

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from typing import Final
 
 from pikku_celery.errors import SchemaNotCurrent
-from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper, ReapReport
+from pikku_celery.mirror import CeleryMirror
 
 __all__ = ["ENV_REAPER_INTERVAL", "REAPER_INTERVAL", "Recover", "Upkeep"]
 

@@ -26,8 +26,8 @@ from pikku_celery.errors import (
     WaitTimeout,
 )
 from pikku_celery.integration import headers as h
-from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.task import as_task_function
+from pikku_celery.mirror import CeleryMirror
 from pikku_celery.store import WorkflowRun, WorkflowStore, child_error
 from pikku_celery.workflows.context import Dispatcher
 from pikku_celery.workflows.definition import Workflow, code_version

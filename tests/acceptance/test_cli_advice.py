@@ -261,7 +261,7 @@ def test_dashboard_with_the_app_for_run_actions(shell: Shell, database: Workflow
 
 def test_journal_replay_for_set_aside_events(shell: Shell, database: WorkflowStore) -> None:
     # Logged when an event is set aside; the source is where the message can be read.
-    logged = (PACKAGE / "integration" / "delivery.py").read_text(encoding="utf-8")
+    logged = (PACKAGE / "mirror" / "deferral.py").read_text(encoding="utf-8")
     advice = one([c for c in suggested(logged) if c.startswith("pikku-celery journal")])
     replayed = shell.run(advice)
     assert replayed.returncode == codes.EXIT_OK, replayed.stderr

@@ -20,9 +20,7 @@ from celery.contrib.testing.worker import start_worker
 
 from pikku_celery import PikkuCelery, WorkflowStore
 from pikku_celery.integration import headers as h
-from pikku_celery.integration import signals
-from pikku_celery.integration.task import finished_results
-from pikku_celery.store import journal_depth
+from pikku_celery.mirror import journal_depth
 from tests.acceptance.conftest import REDIS_URL, address, port_open, redis_db
 from tests.conftest import service_missing
 
@@ -79,10 +77,9 @@ def mirrored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PikkuC
     app = _app("embedded_mirrored")
     pikku = PikkuCelery(app, database_url=url, mirror="all")
     yield pikku
-    # Installed apps are kept for the process: this one must not mirror later tests' tasks
-    # (it has every shared task) into a database that is gone with the test.
-    signals.registry.pop(id(app), None)
-    finished_results.pop(id(app), None)
+    # This app must not mirror later tests' tasks (it has every shared task) into a
+    # database that is gone with the test.
+    pikku.uninstall()
 
 
 def test_a_mirrored_embedded_worker_stops_as_fast_as_a_plain_one(

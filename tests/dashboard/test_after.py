@@ -23,7 +23,6 @@ from pikku_celery import PikkuCelery, WorkflowStore
 from pikku_celery.cli import commands as cli
 from pikku_celery.dashboard import create_app
 from pikku_celery.errors import StepFailed
-from pikku_celery.integration import signals
 from pikku_celery.testing import InlineRunner
 from tests.support.durable import durable_pikku, shipped_order
 
@@ -47,7 +46,7 @@ def shop(store: WorkflowStore) -> Iterator[Shop]:
         with InlineRunner(pikku, database_url=url, fast_forward=True) as runner:
             yield Shop(pikku, runner, url)
     finally:
-        del signals.registry[id(app)]
+        pikku.uninstall()
         app.close()
 
 

@@ -12,8 +12,8 @@ from starlette.testclient import TestClient
 
 from pikku_celery import WorkflowStore
 from pikku_celery.dashboard.metrics import escape_label, format_metrics
+from pikku_celery.mirror.journal import Journal, journal_folder
 from pikku_celery.store.engine import safe_url
-from pikku_celery.store.journal import Journal, journal_folder
 from pikku_celery.store.stats import AttemptTotals, OpenStepCounts
 from tests.dashboard.conftest import Seeded
 

@@ -24,8 +24,8 @@ from pikku_celery import WorkflowStore
 from pikku_celery.cli import commands as cli
 from pikku_celery.cli import common as codes
 from pikku_celery.errors import InvalidDuration
-from pikku_celery.integration.apply import Pending, plan
-from pikku_celery.integration.events import AttemptRetried, AttemptStarted, StepPublished
+from pikku_celery.mirror.apply import Pending, plan
+from pikku_celery.mirror.events import AttemptRetried, AttemptStarted, StepPublished
 from pikku_celery.schema import COMPAT_SCHEMA
 from pikku_celery.store.batch import MirrorBatch, NewStep, StepTransition
 from tests.conftest import truncate

@@ -17,11 +17,11 @@ import pytest
 import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
-from pikku_celery.integration.events import AttemptStarted, AttemptSucceeded, encode
-from pikku_celery.integration.events import StepPublished as Published
-from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
+from pikku_celery.mirror import CeleryMirror, PublishedStep
+from pikku_celery.mirror.events import AttemptStarted, AttemptSucceeded, encode
+from pikku_celery.mirror.events import StepPublished as Published
+from pikku_celery.mirror.journal import Journal, journal_depth, orphaned_journals
 from pikku_celery.store.attempts import NewRun
-from pikku_celery.store.journal import Journal, journal_depth, orphaned_journals
 from tests.support.tcp_proxy import TcpProxy
 
 ERROR = {"type": "ValueError", "message": "try again", "traceback": None}
@@ -108,7 +108,7 @@ def test_events_of_an_outage_wait_in_the_journal_in_order_and_are_written_when_i
     assert direct.get_step_state(before, "charge").status == "running"
 
     proxy.cut()
-    with caplog.at_level(logging.WARNING, logger="pikku_celery.integration.delivery"):
+    with caplog.at_level(logging.WARNING, logger="pikku_celery.mirror"):
         mirror.retried(before, 1, ERROR, None)
         mirror.started(before, 2, worker="w", pid=2)
         mirror.succeeded(before, before, 2, {"paid": True})

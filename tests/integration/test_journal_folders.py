@@ -15,9 +15,9 @@ from celery import Celery
 
 from pikku_celery import PikkuCelery, WorkflowStore
 from pikku_celery.errors import ConfigurationError
-from pikku_celery.integration.mirror import CeleryMirror
-from pikku_celery.store import database_key, journal_folder
-from pikku_celery.store.journal import Journal, orphaned_journals
+from pikku_celery.mirror import CeleryMirror
+from pikku_celery.mirror.journal import Journal, journal_folder, orphaned_journals
+from pikku_celery.store import database_key
 from tests.acceptance.conftest import ROOT
 from tests.integration.test_journal import left_journal
 

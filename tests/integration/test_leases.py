@@ -11,9 +11,9 @@ import pytest
 
 from pikku_celery import WorkflowStore
 from pikku_celery.integration import upkeep as upkeep_module
-from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper
 from pikku_celery.integration.upkeep import Recover, Upkeep
+from pikku_celery.mirror import CeleryMirror
 from tests.support.threads import run_threads
 
 

@@ -18,9 +18,9 @@ import pytest
 import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
-from pikku_celery.integration.apply import Pending, plan
-from pikku_celery.integration.events import MirrorEvent, decode
-from pikku_celery.integration.mirror import CeleryMirror, PublishedStep
+from pikku_celery.mirror import CeleryMirror, PublishedStep
+from pikku_celery.mirror.apply import Pending, plan
+from pikku_celery.mirror.events import MirrorEvent, decode
 from pikku_celery.store import MirrorBatch, NewRun, NewStep, RunOutcome, StepTransition
 from tests.support.statements import count_statements
 from tests.support.threads import run_threads
@@ -224,7 +224,7 @@ def test_a_poison_event_is_set_aside_and_the_rest_of_its_batch_lands(
     mirror.ended(bad, bad, 1, "exploded", ERROR)  # a status no attempt can have
     mirror.started(good, 1, worker="w", pid=1)
     mirror.succeeded(good, good, 1, "fine")
-    with caplog.at_level(logging.ERROR, logger="pikku_celery.integration.delivery"):
+    with caplog.at_level(logging.ERROR, logger="pikku_celery.mirror"):
         assert mirror.flush()
     assert store.get_run(good).status == "completed"
     assert store.get_step_state(bad, "charge").status == "scheduled"
@@ -285,7 +285,7 @@ def test_an_unreachable_database_never_raises_and_keeps_events_in_the_journal(
 ) -> None:
     dead = WorkflowStore("postgresql://nobody:s3cret@127.0.0.1:1/none")
     mirror = CeleryMirror(dead, journal_dir=tmp_path, background=False)
-    with caplog.at_level(logging.WARNING, logger="pikku_celery.integration.delivery"):
+    with caplog.at_level(logging.WARNING, logger="pikku_celery.mirror"):
         mirror.published(
             PublishedStep(run_id="r", step_id="s", step_name="n", rpc_name="t", data={})
         )

@@ -21,8 +21,8 @@ from celery import Celery
 
 from pikku_celery import WorkflowStore
 from pikku_celery.integration import headers as h
-from pikku_celery.integration.mirror import CeleryMirror
 from pikku_celery.integration.reaper import Reaper
+from pikku_celery.mirror import CeleryMirror
 from pikku_celery.store import LOST_ERROR_TYPE
 from tests.acceptance.conftest import AMQP_URL, address, port_open, redis_db
 from tests.conftest import service_missing

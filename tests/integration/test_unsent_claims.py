@@ -13,8 +13,8 @@ import uuid
 from pathlib import Path
 
 from pikku_celery import WorkflowStore
-from pikku_celery.integration.mirror import CeleryMirror
-from pikku_celery.store.journal import Journal, journaled_steps
+from pikku_celery.mirror import CeleryMirror
+from pikku_celery.mirror.journal import Journal, journaled_steps
 
 
 def _claimed(store: WorkflowStore, rpc_name: str = "shop.charge") -> tuple[str, str]:

@@ -9,14 +9,14 @@ from celery import Celery
 
 from pikku_celery import PikkuCelery, RunNotFound, StepNotFound, WorkflowStore
 from pikku_celery.errors import NotAWorkflowRun
-from pikku_celery.integration import signals
 
 
 @pytest.fixture
 def pikku(store: WorkflowStore) -> Iterator[PikkuCelery]:
     app = Celery("control", broker="memory://", set_as_current=False)
-    yield PikkuCelery(app, store=store)
-    del signals.registry[id(app)]
+    pikku = PikkuCelery(app, store=store)
+    yield pikku
+    pikku.uninstall()
 
 
 def test_resume_and_rerun_of_a_canvas_run_are_refused(

@@ -17,7 +17,6 @@ from typing import Any
 from celery import Celery
 
 from pikku_celery import PikkuCelery, WorkflowStore
-from pikku_celery.integration import signals
 from pikku_celery.workflows.replay import replay
 
 __all__ = ["Recorder", "ShippedOrder", "durable_pikku", "settle", "shipped_order"]
@@ -63,7 +62,7 @@ def durable_pikku(store: WorkflowStore) -> Iterator[PikkuCelery]:
     try:
         yield pikku
     finally:
-        del signals.registry[id(app)]
+        pikku.uninstall()
         app.close()
 
 

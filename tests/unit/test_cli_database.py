@@ -15,7 +15,6 @@ import uvicorn
 from pikku_celery import WorkflowStore
 from pikku_celery.cli import commands as cli
 from pikku_celery.cli import common as codes
-from pikku_celery.integration import signals
 
 READ_ONLY_COMMANDS = [
     ["runs", "show", "r1"],
@@ -120,7 +119,7 @@ def make_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object
     for name in names:
         module = sys.modules.pop(name, None)
         if module is not None:
-            signals.registry.pop(id(module.app), None)
+            module.pikku.uninstall()
             module.app.close()
 
 

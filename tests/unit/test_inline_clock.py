@@ -21,7 +21,6 @@ from celery import Celery
 
 from pikku_celery import EventTimeout, PikkuCelery, WorkflowTask
 from pikku_celery.errors import ConfigurationError
-from pikku_celery.integration import signals
 from pikku_celery.testing import InlineRunner
 from pikku_celery.workflows import context
 from pikku_celery.workflows.definition import Workflow
@@ -108,7 +107,7 @@ class Refunds:
 def shop(tmp_path: Path) -> Iterator[Refunds]:
     shop = Refunds(tmp_path / "production.db")
     yield shop
-    del signals.registry[id(shop.app)]
+    shop.pikku.uninstall()
 
 
 @pytest.fixture

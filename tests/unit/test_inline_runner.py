@@ -24,7 +24,6 @@ from celery import Celery, chain, chord, group
 
 from pikku_celery import PikkuCelery, WorkflowTask
 from pikku_celery.errors import ConfigurationError, NeverIdle, StepFailed
-from pikku_celery.integration import signals
 from pikku_celery.testing import InlineRunner, inline
 from pikku_celery.workflows.definition import Workflow
 
@@ -146,7 +145,7 @@ class Shop:
 def shop(tmp_path: Path) -> Iterator[Shop]:
     shop = Shop(tmp_path / "production.db")
     yield shop
-    del signals.registry[id(shop.app)]
+    shop.pikku.uninstall()
 
 
 @pytest.fixture
@@ -335,7 +334,7 @@ def test_a_workflow_of_another_pikku_is_refused(
         with pytest.raises(ConfigurationError, match="not declared on this runner"):
             runner.start(other.checkout, order_id=1)
     finally:
-        del signals.registry[id(other.app)]
+        other.pikku.uninstall()
 
 
 # --- the pytest plugin ---------------------------------------------------------------------

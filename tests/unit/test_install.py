@@ -31,7 +31,10 @@ def test_installing_twice_connects_each_handler_once(tmp_path: Path) -> None:
         assert receivers_of(signal) == 1, signal
     assert pikku_signals.registry[id(app)] is second
     assert first.app is second.app
-    del pikku_signals.registry[id(app)]
+    first.uninstall()  # replaced by the second: nothing to take off
+    assert pikku_signals.registry[id(app)] is second
+    second.uninstall()
+    assert id(app) not in pikku_signals.registry
 
 
 def test_step_is_a_real_celery_task_with_celery_retries(tmp_path: Path) -> None:
@@ -56,7 +59,7 @@ def test_step_is_a_real_celery_task_with_celery_retries(tmp_path: Path) -> None:
         return None
 
     assert ship.step_name_for(ship.name) == "ship-it"
-    del pikku_signals.registry[id(app)]
+    pikku.uninstall()
 
 
 def test_reap_every_schedules_the_reaper_in_celery_beat(tmp_path: Path) -> None:
@@ -125,7 +128,7 @@ def test_a_step_takes_a_duration_string_and_refuses_a_delay_that_is_none(tmp_pat
     for bad in (-1, "1.5s", "exponential"):
         with pytest.raises(InvalidDuration, match="'200ms'"):
             pikku.step(retries=1, retry_delay=bad, name=f"delays.bad{bad}")
-    del pikku_signals.registry[id(app)]
+    pikku.uninstall()
 
 
 def test_the_workers_reaper_runs_every_ten_seconds_unless_set_or_turned_off(
@@ -146,7 +149,7 @@ def test_the_workers_reaper_runs_every_ten_seconds_unless_set_or_turned_off(
             with pytest.raises(ConfigurationError, match="pikku_reaper_interval"):
                 _ = pikku.reaper_interval
     finally:
-        del pikku_signals.registry[id(app)]
+        pikku.uninstall()
 
 
 def test_the_broker_decides_whether_a_lost_workflow_step_is_dispatched_again() -> None:

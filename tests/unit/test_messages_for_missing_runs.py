@@ -15,7 +15,6 @@ import pytest
 from celery import Celery
 
 from pikku_celery import PikkuCelery
-from pikku_celery.integration import signals
 from pikku_celery.testing import InlineRunner
 from pikku_celery.workflows.engine import ORCHESTRATE_TASK, WAKE_TASK
 
@@ -44,7 +43,7 @@ def test_messages_for_a_run_that_no_longer_exists_are_one_warning_each(
                 app.send_task(WAKE_TASK, (run.run_id, nap.step_id, 1))
                 runner.run_until_idle()
     finally:
-        del signals.registry[id(app)]
+        pikku.uninstall()
     dropped = [r for r in caplog.records if getattr(r, "action", None) == "message_for_missing_run"]
     assert [(r.levelno, r.exc_info) for r in dropped] == [(logging.WARNING, None)] * 2
     assert all(

@@ -12,6 +12,7 @@ from celery import Celery, shared_task
 from pikku_celery import PikkuCelery, WorkflowTask
 from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration import signals as pikku_signals
+from pikku_celery.integration.installed import installed_on
 from pikku_celery.integration.selection import (
     ENV_MIRROR,
     ENV_MIRROR_EXCLUDE,
@@ -42,7 +43,9 @@ def app() -> Iterator[Celery]:
         return None
 
     yield app
-    pikku_signals.registry.pop(id(app), None)
+    installed = installed_on(app)  # what a test made on it
+    if installed is not None:
+        pikku_signals.uninstall(installed)
 
 
 @pytest.fixture(autouse=True)

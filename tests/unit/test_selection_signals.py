@@ -49,7 +49,7 @@ def pikku(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PikkuCele
         monkeypatch.setattr(pikku.mirror, method, recorder(method))
     pikku.recorder = recorder  # type: ignore[attr-defined]
     yield pikku
-    pikku_signals.registry.pop(id(app), None)
+    pikku.uninstall()
 
 
 def publish(sender: str, **headers: Any) -> dict[str, Any]:

@@ -15,8 +15,7 @@ import pytest
 from celery import Celery
 
 from pikku_celery import PikkuCelery
-from pikku_celery.integration import signals
-from pikku_celery.integration.mirror import unserialisable
+from pikku_celery.mirror import unserialisable
 from pikku_celery.testing import InlineRunner
 from pikku_celery.workflows.definition import Workflow
 
@@ -58,7 +57,7 @@ class Flows:
 def flows(tmp_path: Path) -> Iterator[Flows]:
     flows = Flows(tmp_path / "opaque.db")
     yield flows
-    del signals.registry[id(flows.app)]
+    flows.pikku.uninstall()
 
 
 def test_a_tasks_result_that_is_not_json_fails_the_run_as_an_inline_steps_does(

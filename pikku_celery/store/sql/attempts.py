@@ -69,6 +69,7 @@ def ranked_below(column: sa.ColumnElement[Any], status: str) -> sa.ColumnElement
 insert_attempt: Final = sa.insert(history)
 _TERMINAL: Final = ("succeeded", "failed", "cancelled")
 _EXECUTION_COLUMNS: Final = ("task_id", "worker", "pid", "eta")
+_WHERE_IT_RAN: Final = ("worker", "pid")
 
 
 def _insert_for(dialect: str) -> Any:
@@ -325,9 +326,21 @@ def attempt_upsert(insert: Any, status: str) -> Insert:
             if status != "succeeded"
             else sa.case((forward, sa.null()), else_=history.c.error)
         )
+    # A start older than the one the row holds is a delivery that ended long ago, written
+    # late (a killed pool child's journal, adopted after its redelivery was written).
+    late_start = sa.and_(
+        excluded.running_at.is_not(None),
+        history.c.running_at.is_not(None),
+        excluded.running_at < history.c.running_at,
+    )
     for column in _EXECUTION_COLUMNS:
         # A later delivery runs somewhere else: the row says where it ran last.
-        updates[column] = sa.func.coalesce(excluded[column], history.c[column])
+        latest = sa.func.coalesce(excluded[column], history.c[column])
+        updates[column] = (
+            sa.case((late_start, history.c[column]), else_=latest)
+            if column in _WHERE_IT_RAN
+            else latest
+        )
     statement: Insert = insert.on_conflict_do_update(
         index_elements=["workflow_step_id", "attempt"], set_=updates
     )

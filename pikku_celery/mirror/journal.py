@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import sqlalchemy as sa
-
-from pikku_celery.store.engine import database_key
+from pikku_celery.store import database_key
 
 __all__ = [
     "ENV_JOURNAL_DIR",
+    "SUFFIX",
     "Journal",
     "JournalEntry",
+    "database_folder",
     "default_journal_dir",
     "journal_depth",
     "journal_folder",
@@ -88,11 +88,17 @@ def default_journal_dir() -> Path:
     return candidate
 
 
-def journal_folder(root: Path, database: str | sa.URL) -> Path:
+def journal_folder(root: Path, database: str) -> Path:
     """The folder for one database, from its URL: a journal is only ever written into its
     own database, so two spellings of one database share a folder, and two databases
     spelled alike (a relative SQLite path in two projects) do not."""
-    digest = hashlib.sha256(database_key(database).encode()).hexdigest()[:16]
+    return database_folder(root, database_key(database))
+
+
+def database_folder(root: Path, key: str) -> Path:
+    """The folder for one database, from its :func:`database_key` (what a mirror holds
+    already: its engine's URL is SQLAlchemy's, which this layer does not speak)."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return root / digest
 
 

@@ -14,8 +14,6 @@ import contextlib
 import datetime as dt
 import json
 import logging
-import os
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ from typing import Any, Final
 
 from pikku_celery.durations import format_duration
 from pikku_celery.errors import ConfigurationError, InvalidDuration, SerializationError
-from pikku_celery.integration.delivery import (
+from pikku_celery.mirror.delivery import (
     ADOPT_INTERVAL,
     BATCH_SIZE,
     FLUSH_INTERVAL,
@@ -33,7 +31,7 @@ from pikku_celery.integration.delivery import (
     Delivery,
     DeliveryStats,
 )
-from pikku_celery.integration.events import (
+from pikku_celery.mirror.events import (
     Adoption,
     AttemptEnded,
     AttemptReplaced,
@@ -45,15 +43,14 @@ from pikku_celery.integration.events import (
     StepPublished,
     new_event_id,
 )
-from pikku_celery.store import (
+from pikku_celery.mirror.forks import ForkGuard
+from pikku_celery.mirror.journal import (
     ENV_JOURNAL_DIR,
-    NewRun,
-    WorkflowStore,
-    database_key,
+    database_folder,
     default_journal_dir,
-    journal_folder,
     probe_folder,
 )
+from pikku_celery.store import NewRun, WorkflowStore, database_key
 
 __all__ = ["CeleryMirror", "PublishedStep", "unserialisable"]
 
@@ -114,8 +111,7 @@ class CeleryMirror:
         background: bool = True,
     ):
         self._store = store
-        self._pid = os.getpid()
-        self._fork_lock = threading.Lock()
+        self._fork = ForkGuard(self._after_fork)
         self._journal_root = Path(journal_dir) if journal_dir is not None else None
         self._journal_failures = 0
         self._failure_logged_at = -_FAILURE_LOG_EVERY
@@ -133,19 +129,17 @@ class CeleryMirror:
     @property
     def store(self) -> WorkflowStore:
         """The store, with connections made by this process (never a parent's)."""
-        pid = os.getpid()
-        if pid != self._pid:
-            with self._fork_lock:
-                if pid != self._pid:
-                    self._store.dispose_after_fork()
-                    self._pid = pid
+        self._fork.check()
         return self._store
+
+    def _after_fork(self) -> None:
+        self._store.dispose_after_fork()
 
     @property
     def journal_folder(self) -> Path:
         """The folder of this database's journals."""
         root = self._journal_root or default_journal_dir()
-        return journal_folder(root, self._store.engine.url)
+        return database_folder(root, self.database_key)
 
     @property
     def database_key(self) -> str:

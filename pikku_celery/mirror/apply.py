@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pikku_celery.integration.events import (
+from pikku_celery.mirror.events import (
     Adoption,
     AttemptEnded,
     AttemptReplaced,

@@ -17,6 +17,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
+from pikku_celery.mirror.forks import ForkGuard
+
 __all__ = [
     "Adoption",
     "AttemptEnded",
@@ -38,7 +40,7 @@ class _EventIds:
 
     def __init__(self) -> None:
         self._reset()
-        os.register_at_fork(after_in_child=self._reset)
+        self._fork = ForkGuard(self._reset)  # a child's ids get a prefix of their own
 
     def _reset(self) -> None:
         self._prefix = os.urandom(8).hex()
@@ -46,6 +48,7 @@ class _EventIds:
         self._lock = threading.Lock()
 
     def next(self) -> str:
+        self._fork.check()
         with self._lock:
             return f"{self._prefix}-{next(self._counter)}"
 
