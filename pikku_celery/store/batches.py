@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from pikku_celery.durations import stored_duration
 from pikku_celery.errors import InvalidStatus
 from pikku_celery.store import sql
-from pikku_celery.store.batch import (
+from pikku_celery.store.mirror_batch import (
     TRANSITION_STATUSES,
     BatchResult,
     Handover,

@@ -27,7 +27,7 @@ from pikku_celery.errors import InvalidDuration
 from pikku_celery.mirror.apply import Pending, plan
 from pikku_celery.mirror.events import AttemptRetried, AttemptStarted, StepPublished
 from pikku_celery.schema import COMPAT_SCHEMA
-from pikku_celery.store.batch import MirrorBatch, NewStep, StepTransition
+from pikku_celery.store.mirror_batch import MirrorBatch, NewStep, StepTransition
 from tests.conftest import truncate
 from tests.support.foreign import PIKKU_ERROR, insert_foreign_run
 
