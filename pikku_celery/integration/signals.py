@@ -238,6 +238,16 @@ def _call_data(args: Any, kwargs: Any) -> dict[str, Any]:
     return {"args": list(args or ()), "kwargs": dict(kwargs or {})}
 
 
+def _chord_body(body: Any) -> str | None:
+    """The task id of the body of the chord a message is a header task of: protocol 2
+    embeds the body's frozen signature, whatever finishes the chord later."""
+    embed = body[2] if isinstance(body, list | tuple) and len(body) >= 3 else None
+    chord = embed.get("chord") if isinstance(embed, dict) else None
+    options = chord.get("options") if isinstance(chord, dict) else None
+    task_id = options.get("task_id") if isinstance(options, dict) else None
+    return str(task_id) if task_id else None
+
+
 def _attempt(task: Any) -> int:
     return replace.attempt_of(task.request)
 
@@ -296,6 +306,7 @@ def before_task_publish(
             eta=_eta(headers.get("eta")),
             new_run=new_run,
             routing=_routing(exchange, routing_key),
+            chord_body=_chord_body(body),
         )
     )
     headers[h.RUN_ID] = run_id

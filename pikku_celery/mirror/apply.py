@@ -155,6 +155,7 @@ class _Planner:
                 run_input_json=None if run is None else run[1],
                 run_wire_json=None if run is None else run[2],
                 routing_json=event.routing_json,
+                chord_body=event.chord_body,
             )
         )
 

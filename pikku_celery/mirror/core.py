@@ -89,6 +89,8 @@ class PublishedStep:
     eta: dt.datetime | None = None
     new_run: NewRun | None = None
     routing: Mapping[str, Any] | None = None
+    #: A chord's header task: the task id of the chord's body, which holds the run open.
+    chord_body: str | None = None
 
 
 class CeleryMirror:
@@ -294,6 +296,7 @@ class CeleryMirror:
                     None if run.wire is None else self._json(run.wire, "wire"),
                 ),
                 routing_json=_routing_json(step.routing),
+                chord_body=step.chord_body,
             )
         )
 

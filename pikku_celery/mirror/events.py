@@ -74,7 +74,8 @@ class StepPublished(MirrorEvent):
 
     ``parent_step_id``: the step it follows (a chain's previous link, the step
     that published it), by id; ``new_run``: (workflow, input JSON, wire JSON)
-    of the run a lone task makes; ``routing_json``: where the message went.
+    of the run a lone task makes; ``routing_json``: where the message went;
+    ``chord_body``: the task id of the body of the chord whose header it is in.
     """
 
     kind: ClassVar[str] = "published"
@@ -88,6 +89,7 @@ class StepPublished(MirrorEvent):
     eta: float | None = None
     new_run: tuple[str, str, str | None] | None = None
     routing_json: str | None = None
+    chord_body: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

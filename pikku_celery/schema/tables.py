@@ -28,6 +28,7 @@ __all__ = [
     "Flag",
     "JsonText",
     "UtcDateTime",
+    "chords",
     "format_timestamp",
     "leases",
     "metadata",
@@ -404,4 +405,23 @@ run_events = sa.Table(
     sa.Column("taken_by_step_id", sa.Text),
     sa.Column("taken_at", UtcDateTime),
     sa.Index("idx_pikku_celery_run_events_run_name", "workflow_run_id", "name", "sent_at"),
+)
+
+# Not one of Pikku's tables: the chords of a run whose body is not out yet. A chord's
+# header tasks are published with its body's task id; the run cannot complete until a
+# step of that id exists (Celery publishes the body when the header is done, from the
+# last header task or a ``chord_unlock``), so a run whose header steps have all
+# succeeded is not taken for done in between.
+chords = sa.Table(
+    "pikku_celery_chords",
+    metadata,
+    sa.Column("body_id", sa.Text, primary_key=True),
+    sa.Column(
+        "workflow_run_id",
+        sa.Text,
+        sa.ForeignKey("workflow_runs.workflow_run_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Index("idx_pikku_celery_chords_run", "workflow_run_id"),
 )

@@ -7,7 +7,6 @@ from here, never from the store's modules (``make check`` holds them to it).
 from __future__ import annotations
 
 from pikku_celery.store.attempts import NewRun
-from pikku_celery.store.mirror_batch import Handover, MirrorBatch, NewStep, RunOutcome, StepTransition
 from pikku_celery.store.codec import error_document
 from pikku_celery.store.common import ErrorLike, now
 from pikku_celery.store.engine import (
@@ -17,6 +16,13 @@ from pikku_celery.store.engine import (
     require_existing_database,
     safe_url,
     same_database,
+)
+from pikku_celery.store.mirror_batch import (
+    Handover,
+    MirrorBatch,
+    NewStep,
+    RunOutcome,
+    StepTransition,
 )
 from pikku_celery.store.models import (
     CHILD_RPC_PREFIX,

@@ -19,6 +19,8 @@ import sqlalchemy as sa
 from pikku_celery.durations import stored_duration
 from pikku_celery.errors import InvalidStatus
 from pikku_celery.store import sql
+from pikku_celery.store.common import like_prefix, new_id
+from pikku_celery.store.connector import Connector, by_dialect
 from pikku_celery.store.mirror_batch import (
     TRANSITION_STATUSES,
     BatchResult,
@@ -28,8 +30,6 @@ from pikku_celery.store.mirror_batch import (
     RunOutcome,
     StepTransition,
 )
-from pikku_celery.store.common import like_prefix, new_id
-from pikku_celery.store.connector import Connector, by_dialect
 from pikku_celery.store.models import run_kind
 
 __all__ = ["Batches"]
@@ -51,6 +51,7 @@ class Batches:
             "sqlite": _SqliteWrites,
         }
         self._sql = by_dialect(db.dialect, writes)(db)
+        self._open_chord = sql.batches.open_chord(db.dialect)
 
     def apply_batch(self, batch: MirrorBatch, *, conn: sa.Connection | None = None) -> BatchResult:
         """Write a batch in one transaction (the caller's, if given); see :class:`BatchResult`."""
@@ -81,6 +82,7 @@ class Batches:
 
         placed, missing = self._place_steps(c, batch.steps, known)
         missing |= self._write_steps(c, placed)
+        self._open_chords(c, [s for s in placed if s.step_id not in missing])
         for step in placed:
             if step.step_id not in missing:
                 known.setdefault(step.step_id, (1, step.run_id, None))
@@ -156,6 +158,17 @@ class Batches:
         ]
         self._sql.write_steps(c, rows, placed)
         return self._not_written(c, placed)
+
+    def _open_chords(self, c: sa.Connection, written: Sequence[NewStep]) -> None:
+        rows = [
+            {"body_id": s.chord_body, "run_id": s.run_id, "now": s.at}
+            for s in written
+            if s.chord_body is not None
+        ]
+        if rows:
+            # Before the outcomes below: a header's success in this batch must not
+            # complete the run its chord holds open.
+            self._db.run_many(c, self._open_chord, rows)
 
     def _not_written(self, c: sa.Connection, placed: Sequence[NewStep]) -> set[str]:
         ids = sorted({s.step_id for s in placed})

@@ -42,6 +42,8 @@ class NewStep:
     run_wire_json: str | None = None
     #: ``{"exchange": ..., "routing_key": ...}`` of the step's first message, as JSON.
     routing_json: str | None = None
+    #: A chord's header task: its body's task id. The run is not done until that step is.
+    chord_body: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

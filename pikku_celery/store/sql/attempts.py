@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert, Update
 
+from pikku_celery.schema import chords
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
@@ -407,10 +408,19 @@ _last_result = sa.case((_is_lone_task, _own_result), else_=_leaf_result)
 
 last_result: Final = _last_result
 
-#: Every step of the run has succeeded (checked in SQL, as the statement runs).
-all_steps_succeeded: Final = ~sa.exists().where(
-    steps.c.workflow_run_id == runs.c.workflow_run_id,
-    steps.c.status != "succeeded",
+_body = steps.alias("body")
+
+#: Every step of the run has succeeded, and no chord of it waits for its body
+#: (checked in SQL, as the statement runs).
+all_steps_succeeded: Final = sa.and_(
+    ~sa.exists().where(
+        steps.c.workflow_run_id == runs.c.workflow_run_id,
+        steps.c.status != "succeeded",
+    ),
+    ~sa.exists().where(
+        chords.c.workflow_run_id == runs.c.workflow_run_id,
+        ~sa.exists().where(_body.c.workflow_step_id == chords.c.body_id),
+    ),
 )
 
 # Guarded in SQL: the run completes only while no step of it is unfinished. The

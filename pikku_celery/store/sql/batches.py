@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
+from pikku_celery.schema import chords
 from pikku_celery.schema import mirror_deliveries as deliveries
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
@@ -39,6 +40,7 @@ __all__ = [
     "known_steps",
     "known_steps_pg",
     "lock_runs_pg",
+    "open_chord",
     "prune_deliveries",
     "record_attempts_pg",
     "settle_runs_pg",
@@ -83,6 +85,16 @@ def count_deliveries(dialect: str) -> Insert:
 
 
 prune_deliveries: Final = sa.delete(deliveries).where(deliveries.c.created_at < P("before"))
+
+
+@cache
+def open_chord(dialect: str) -> Insert:
+    """A chord of the run waits for its body; the header's other tasks name it again."""
+    insert: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(chords)
+    statement: Insert = insert.values(
+        body_id=P("body_id"), workflow_run_id=P("run_id"), created_at=P("now")
+    ).on_conflict_do_nothing(index_elements=["body_id"])
+    return statement
 
 
 # --- PostgreSQL: a whole batch in one statement per kind ------------------------------
