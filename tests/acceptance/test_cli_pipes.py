@@ -19,6 +19,7 @@ from pikku_celery import WorkflowStore
 from pikku_celery.cli import commands as cli
 from pikku_celery.cli import common as codes
 from pikku_celery.cli import runs as runs_cli
+from tests.support import transitions
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,9 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
         for number in range(300):
             store.create_run("bulk", {"number": number, "padding": "x" * 200})
         run_id = store.create_run("checkout", {"order": 1})
-        store.schedule_step(run_id, "step-1", "charge", "shop.charge", {}, task_id="step-1")
+        transitions.schedule(
+            store, run_id, "charge", step_id="step-1", rpc_name="shop.charge", data={}
+        )
         store.attempts.record_attempt("step-1", 1, "running", task_id="step-1", worker="w@h", pid=1)
     finally:
         store.close()

@@ -28,6 +28,7 @@ from pikku_celery.errors import RunFailed
 from pikku_celery.store.prune import PruneCount
 from tests.acceptance.conftest import ROOT, worker_running
 from tests.conftest import PgServer
+from tests.support import transitions
 from tests.support.seed import add_runs
 
 SHOP_APP = "tests.acceptance.shop:pikku"
@@ -82,11 +83,19 @@ def seed_failed_run(store: WorkflowStore) -> tuple[str, str]:
     """A checkout whose "charge" failed on its first attempt and on its retry, redelivered once."""
     run_id = store.create_run("checkout", {"order": 7})
     reserve, charge = str(uuid.uuid4()), str(uuid.uuid4())
-    store.schedule_step(run_id, reserve, "reserve", "shop.reserve", {}, task_id=reserve)
+    transitions.schedule(
+        store, run_id, "reserve", step_id=reserve, rpc_name="shop.reserve", data={}
+    )
     store.attempts.record_attempt(reserve, 1, "running", task_id=reserve, worker="w1@host", pid=41)
     store.attempts.record_attempt(reserve, 1, "succeeded", result={"reserved": True})
-    store.schedule_step(
-        run_id, charge, "charge", "shop.charge", {}, from_step_name="reserve", task_id=charge
+    transitions.schedule(
+        store,
+        run_id,
+        "charge",
+        step_id=charge,
+        rpc_name="shop.charge",
+        data={},
+        parent_step_id=reserve,
     )
     store.attempts.record_attempt(charge, 1, "running", task_id=charge, worker="w1@host", pid=41)
     store.attempts.record_attempt(

@@ -16,6 +16,7 @@ from pikku_celery.dashboard import create_app
 
 # The acceptance suite's users' app, for the browser test's real worker.
 from tests.acceptance.conftest import shop as shop
+from tests.support import transitions
 
 XSS = "<script>alert('pwned')</script>"
 PASSWORD = "s3cret-pass"
@@ -33,7 +34,9 @@ def seed(store: WorkflowStore) -> Seeded:
     """Three runs whose every count is known; user data carries markup to be escaped."""
     failed = store.create_run("checkout", {"order": 1, "note": XSS})
     charge = str(uuid.uuid4())
-    store.schedule_step(failed, charge, "charge", "shop.charge", {"args": [1]}, task_id=charge)
+    transitions.schedule(
+        store, failed, "charge", step_id=charge, rpc_name="shop.charge", data={"args": [1]}
+    )
     for attempt in (1, 2, 3):
         store.attempts.record_attempt(
             charge, attempt, "running", task_id=charge, worker="w1@host", pid=41
@@ -56,14 +59,16 @@ def seed(store: WorkflowStore) -> Seeded:
 
     completed = store.create_run("checkout", {"order": 2})
     reserve = str(uuid.uuid4())
-    store.schedule_step(completed, reserve, "reserve", "shop.reserve", {}, task_id=reserve)
+    transitions.schedule(
+        store, completed, "reserve", step_id=reserve, rpc_name="shop.reserve", data={}
+    )
     store.attempts.record_attempt(reserve, 1, "running", task_id=reserve, worker="w1@host", pid=42)
     store.attempts.record_attempt(reserve, 1, "succeeded", result={"reserved": True})
     store.attempts.complete_run_if_done(completed)
 
     running = store.create_run("report", {})
     build = str(uuid.uuid4())
-    store.schedule_step(running, build, "build", None, {}, task_id=build)
+    transitions.schedule(store, running, "build", step_id=build, data={})
     store.attempts.record_attempt(build, 1, "running", task_id=build, worker="w2@host", pid=43)
     return Seeded(failed=failed, completed=completed, running=running, charge_step=charge)
 
@@ -87,7 +92,7 @@ def lost_run(
     """A running run whose step "ship" ran on a worker that died: its attempt 1 is lost."""
     run_id = store.create_run("delivery", {"parcel": 7}, wire=wire)
     ship = str(uuid.uuid4())
-    store.schedule_step(run_id, ship, "ship", "shop.ship", {}, task_id=ship)
+    transitions.schedule(store, run_id, "ship", step_id=ship, rpc_name="shop.ship", data={})
     store.attempts.record_attempt(ship, 1, "running", task_id=ship, worker="w9@host", pid=99)
     assert store.reaping.mark_lost(ship, 1, 1, error or LOST_ERROR)
     return run_id, ship

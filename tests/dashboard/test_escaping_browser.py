@@ -24,6 +24,7 @@ from tests.dashboard.conftest import PASSWORD
 from tests.dashboard.test_browser import CREDENTIALS
 from tests.dashboard.test_browser import browser as browser
 from tests.dashboard.test_browser import dashboard_url as dashboard_url
+from tests.support import transitions
 
 PAYLOAD = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=1">'
 SECRET_INPUT = {"card": "4111-secret-card-number"}
@@ -48,8 +49,8 @@ def evil_run(pg_url: str) -> Iterator[EvilRun]:
     try:
         step_id = str(uuid.uuid4())
         step_name = f"step {PAYLOAD}"
-        got = store.schedule_step(run_id, step_id, step_name, None, {}, task_id=step_id)
-        assert got == step_name
+        transitions.schedule(store, run_id, step_name, step_id=step_id, data={})
+        assert store.get_step_state(run_id, step_name).step_id == step_id
         store.attempts.record_attempt(step_id, 1, "running", task_id=step_id)
         store.attempts.record_attempt(
             step_id, 1, "failed", error={"type": "ValueError", "message": f"boom {PAYLOAD}"}

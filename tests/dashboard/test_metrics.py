@@ -16,6 +16,7 @@ from pikku_celery.mirror.journal import Journal, journal_folder
 from pikku_celery.store.engine import safe_url
 from pikku_celery.store.stats import AttemptTotals, OpenStepCounts
 from tests.dashboard.conftest import Seeded
+from tests.support import transitions
 
 
 def samples(text: str) -> dict[str, str]:
@@ -70,7 +71,7 @@ def test_label_values_are_escaped(client: TestClient, store: WorkflowStore) -> N
     assert escape_label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
     run_id = store.create_run("wf", {})
     step_id = str(uuid.uuid4())
-    store.schedule_step(run_id, step_id, "odd", 'say "hi"\\now\n', {})
+    transitions.schedule(store, run_id, "odd", step_id=step_id, rpc_name='say "hi"\\now\n', data={})
     assert 'pikku_attempts{step="say \\"hi\\"\\\\now\\n",status="scheduled"} 1' in (
         client.get("/metrics").text
     )

@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 from pikku_celery import WorkflowStore
 from pikku_celery.dashboard import create_app
 from tests.dashboard.conftest import XSS, Seeded
+from tests.support import transitions
 
 
 def run_ids(html: str) -> list[str]:
@@ -114,7 +115,9 @@ def test_user_data_is_escaped_everywhere(client: TestClient, store: WorkflowStor
     evil = "<img src=x onerror=alert(1)>"
     run_id = store.create_run(f"wf{XSS}", {"x": XSS})
     step_id = str(uuid.uuid4())
-    store.schedule_step(run_id, step_id, f"step{evil}", f"rpc{XSS}", {"data": XSS})
+    transitions.schedule(
+        store, run_id, f"step{evil}", step_id=step_id, rpc_name=f"rpc{XSS}", data={"data": XSS}
+    )
     store.attempts.record_attempt(step_id, 1, "running", worker=f"w{evil}")
     store.attempts.record_attempt(step_id, 1, "failed", error={"type": evil, "message": XSS})
     store.update_run_state(run_id, f"key{evil}", XSS)

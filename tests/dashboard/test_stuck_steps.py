@@ -15,6 +15,7 @@ from pikku_celery.errors import ConfigurationError
 from pikku_celery.schema import workflow_step
 from tests.dashboard.conftest import Seeded, lost_run
 from tests.dashboard.test_metrics import samples
+from tests.support import transitions
 
 BANNER = 'id="stuck-steps"'
 
@@ -25,7 +26,9 @@ def stale_step(store: WorkflowStore, *, waited: float, eta_in: float | None = No
     step_id = str(uuid.uuid4())
     now = dt.datetime.now(dt.timezone.utc)
     eta = None if eta_in is None else now + dt.timedelta(seconds=eta_in)
-    store.schedule_step(run_id, step_id, "send", "shop.send", {}, task_id=step_id, eta=eta)
+    transitions.schedule(
+        store, run_id, "send", step_id=step_id, rpc_name="shop.send", data={}, eta=eta
+    )
     with store.engine.begin() as conn:
         conn.execute(
             sa.update(workflow_step)

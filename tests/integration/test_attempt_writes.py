@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from pikku_celery import RunNotFound, StepNotFound, WorkflowStore
 from pikku_celery.store.attempts import NewRun
 from tests.conftest import truncate
+from tests.support import transitions
 from tests.support.statements import count_statements
 
 Event = Callable[[WorkflowStore, str], None]
@@ -21,11 +22,15 @@ Event = Callable[[WorkflowStore, str], None]
 
 def scheduled_step(store: WorkflowStore, name: str = "charge") -> tuple[str, str]:
     run_id = str(uuid.uuid4())
-    step_id = str(uuid.uuid4())
-    got = store.schedule_step(
-        run_id, step_id, name, f"shop.{name}", {"args": [1]}, new_run=NewRun("charge", {"o": 1})
+    step_id = transitions.schedule(
+        store,
+        run_id,
+        name,
+        rpc_name=f"shop.{name}",
+        data={"args": [1]},
+        new_run=NewRun("charge", {"o": 1}),
     )
-    assert got == name
+    assert store.get_step(step_id).step_name == name
     return run_id, step_id
 
 
@@ -47,29 +52,40 @@ def test_publish_records_a_scheduled_step_and_its_run(store: WorkflowStore) -> N
 
 def test_republish_of_the_same_step_changes_nothing(store: WorkflowStore) -> None:
     run_id, step_id = scheduled_step(store)
-    again = store.schedule_step(
-        run_id, step_id, "charge", "shop.charge", {}, new_run=NewRun("charge", {"o": 2})
+    # The same message published again (a retry republishes it with the same id).
+    again = transitions.schedule(
+        store,
+        run_id,
+        "charge",
+        step_id=step_id,
+        rpc_name="shop.charge",
+        data={},
+        new_run=NewRun("charge", {"o": 2}),
     )
-    assert again is None
+    assert again == step_id
     assert len(store.list_step_states(run_id)) == 1
+    assert store.get_step_state(run_id, "charge").data == {"args": [1]}
     assert store.get_run(run_id).input == {"o": 1}
 
 
 @pytest.mark.parametrize("name", ["add", "50%_off", "back\\slash", "a#b"])
 def test_repeated_names_get_ordinals_in_publish_order(store: WorkflowStore, name: str) -> None:
     run_id = store.create_run("canvas", {})
-    names = [
-        store.schedule_step(run_id, str(uuid.uuid4()), name, "t.add", [], from_step_name=None)
-        for _ in range(3)
-    ]
+    ids = [transitions.schedule(store, run_id, name, rpc_name="t.add", data=[]) for _ in range(3)]
+    names = [store.get_step(step_id).step_name for step_id in ids]
     assert names == [name, f"{name}#2", f"{name}#3"]
     # A name that merely shares a prefix is a different step.
-    assert store.schedule_step(run_id, str(uuid.uuid4()), f"{name}x", None, []) == f"{name}x"
+    other = transitions.schedule(store, run_id, f"{name}x", data=[])
+    assert store.get_step(other).step_name == f"{name}x"
 
 
-def test_step_of_a_missing_run_is_a_typed_error(store: WorkflowStore) -> None:
+def test_step_of_a_missing_run_is_reported_missing_and_not_written(store: WorkflowStore) -> None:
+    # Its run may still be on its way (another process's batch): the step waits, unwritten.
+    step = transitions.new_step(store, "no-run", "charge", step_id="s", data=[])
+    assert transitions.apply(store, steps=[step]).missing == {"s"}
+    assert store.list_step_states("no-run") == []
     with pytest.raises(RunNotFound):
-        store.schedule_step("no-run", "s", "charge", None, [])
+        store.get_run("no-run")
 
 
 def test_running_event_is_one_round_trip(store: WorkflowStore) -> None:
@@ -202,10 +218,9 @@ def test_event_for_unknown_step_is_a_typed_error(store: WorkflowStore) -> None:
 
 def test_run_completes_only_when_every_step_succeeded(store: WorkflowStore) -> None:
     run_id = store.create_run("canvas", {})
-    a = str(uuid.uuid4())
-    b = str(uuid.uuid4())
-    store.schedule_step(run_id, a, "a", None, [])
-    store.schedule_step(run_id, b, "b", None, [], from_step_name="a")
+    a = transitions.schedule(store, run_id, "a", data=[])
+    b = transitions.schedule(store, run_id, "b", data=[], parent_step_id=a)
+    assert store.get_step(b).from_step_name == "a"
     # The last link's success is recorded before its predecessor's: events race.
     store.attempts.record_attempt(b, 1, "succeeded", result=0)
     assert store.attempts.complete_run_if_done(run_id) is False
@@ -226,24 +241,24 @@ def test_settled_runs_stay_settled(store: WorkflowStore) -> None:
     assert run.error is not None and run.error["message"] == "charge failed"
 
 
-def test_publishing_a_lone_task_is_one_round_trip_on_postgres(pg_engine: sa.Engine) -> None:
+def test_publishing_a_lone_task_is_one_write_on_postgres(pg_engine: sa.Engine) -> None:
     truncate(pg_engine)
     store = WorkflowStore(pg_engine)
-    autocommit: list[bool] = []
-
-    def record(conn: Any, *_: Any) -> None:
-        autocommit.append(bool(conn.connection.dbapi_connection.autocommit))
-
     step_id = str(uuid.uuid4())
-    sa.event.listen(store.engine, "before_cursor_execute", record)
-    try:
-        name = store.schedule_step(
-            step_id, step_id, "charge", "shop.charge", {}, new_run=NewRun("shop.charge", {})
+    with count_statements(store.engine) as log:
+        transitions.schedule(
+            store,
+            step_id,
+            "charge",
+            step_id=step_id,
+            rpc_name="shop.charge",
+            data={},
+            new_run=NewRun("shop.charge", {}),
         )
-    finally:
-        sa.event.remove(store.engine, "before_cursor_execute", record)
-    assert name == "charge"
-    # Run, step and attempt 1 in one statement, outside any BEGIN/COMMIT.
-    assert autocommit == [True]
+    assert store.get_step(step_id).step_name == "charge"
+    # Run, step and attempt 1 in one statement (then one read: was it written?), one COMMIT.
+    [write] = [s for s in log.statements if "INSERT" in s]
+    assert all(table in write for table in ("workflow_runs", "workflow_step (", "history ("))
+    assert (len(log), log.commits) == (2, 1)
     [attempt] = store.get_run_history(step_id)
     assert (attempt.step_name, attempt.status, attempt.reason) == ("charge", "scheduled", "first")

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from pikku_celery import SerializationError, WorkflowStore
 from pikku_celery.store.attempts import NewRun
+from tests.support import transitions
 
 # The same store serves every example; each example makes its own run.
 FUZZ = settings(
@@ -88,10 +89,10 @@ def test_any_state_key_and_json_value(store: WorkflowStore, key: str, value: Any
 @given(value=json_values | not_json)
 def test_any_result_is_stored_faithfully_or_refused_whole(store: WorkflowStore, value: Any) -> None:
     run_id = store.create_run("fuzz", {})
-    step = store.insert_step_state(run_id, "s", None, None)
-    store.set_step_running(step.step_id)
+    step_id = transitions.schedule(store, run_id, "s")
+    transitions.start(store, step_id)
     try:
-        store.set_step_result(step.step_id, value)
+        transitions.succeed(store, step_id, 1, value)
     except SerializationError:
         state = store.get_step_state(run_id, "s")
         [attempt] = store.get_run_history(run_id)
@@ -106,9 +107,9 @@ def test_any_result_is_stored_faithfully_or_refused_whole(store: WorkflowStore, 
 
 def test_multi_megabyte_results_round_trip(store: WorkflowStore) -> None:
     run_id = store.create_run("fuzz", {})
-    step = store.insert_step_state(run_id, "big", None, None)
+    step_id = transitions.schedule(store, run_id, "big")
     big = {"rows": [{"id": n, "name": f"row {n} ü"} for n in range(60_000)]}
-    store.set_step_result(step.step_id, big)
+    transitions.succeed(store, step_id, 1, big)
     assert store.get_step_state(run_id, "big").result == big
 
 
@@ -147,7 +148,9 @@ def outcome(store: WorkflowStore, run_id: str) -> Any:
 
 def new_step(store: WorkflowStore) -> tuple[str, str]:
     step_id = str(uuid.uuid4())
-    store.schedule_step(step_id, step_id, "s", "t", {}, new_run=NewRun("fuzz", {}))
+    transitions.schedule(
+        store, step_id, "s", step_id=step_id, rpc_name="t", data={}, new_run=NewRun("fuzz", {})
+    )
     return step_id, step_id
 
 

@@ -22,6 +22,7 @@ from pikku_celery.mirror import CeleryMirror, PublishedStep
 from pikku_celery.mirror.apply import Pending, plan
 from pikku_celery.mirror.events import MirrorEvent, decode
 from pikku_celery.store import MirrorBatch, NewRun, NewStep, RunOutcome, StepTransition
+from tests.support import transitions
 from tests.support.statements import count_statements
 from tests.support.threads import run_threads
 
@@ -468,7 +469,9 @@ def test_a_run_whose_next_step_waits_to_be_written_is_not_completed_by_the_one_b
     open instead of completing with the sender's result."""
     run_id = store.create_run("chain", None, wire={"type": "canvas"})
     first, second, unknown = (str(uuid.uuid4()) for _ in range(3))
-    store.schedule_step(run_id, first, "inc", "bench.inc", {"args": [1], "kwargs": {}})
+    transitions.schedule(
+        store, run_id, "inc", step_id=first, rpc_name="bench.inc", data={"args": [1], "kwargs": {}}
+    )
     store.attempts.record_attempt(first, 1, "running")
     now = dt.datetime.now(dt.timezone.utc)
     waits = NewStep(
@@ -491,7 +494,7 @@ def test_a_run_whose_next_step_waits_to_be_written_is_not_completed_by_the_one_b
     assert store.get_step_state(run_id, "inc").status == "succeeded"
     assert store.get_run(run_id).status == "running"
     # Its parent lands; then it is written, runs and succeeds: now the run is done.
-    store.schedule_step(run_id, unknown, "noop", "bench.noop", None)
+    transitions.schedule(store, run_id, "noop", step_id=unknown, rpc_name="bench.noop")
     store.attempts.record_attempt(unknown, 1, "succeeded", result=None)
     store.batches.apply_batch(MirrorBatch(steps=[replace(waits, at=now)]))
     assert store.get_run(run_id).status == "running"

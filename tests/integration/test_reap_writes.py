@@ -7,6 +7,7 @@ import uuid
 
 from pikku_celery import WorkflowStore
 from pikku_celery.store.attempts import NewRun
+from tests.support import transitions
 from tests.support.steps import LOST, running_step
 
 
@@ -107,10 +108,19 @@ def test_stale_scheduled_lists_old_messages_but_not_ones_held_back_on_purpose(
 ) -> None:
     run_id, step_id = str(uuid.uuid4()), str(uuid.uuid4())
     later_run, later_step = str(uuid.uuid4()), str(uuid.uuid4())
-    store.schedule_step(run_id, step_id, "a", "shop.a", {}, new_run=NewRun("a", {}))
+    transitions.schedule(
+        store, run_id, "a", step_id=step_id, rpc_name="shop.a", data={}, new_run=NewRun("a", {})
+    )
     future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
-    store.schedule_step(
-        later_run, later_step, "b", "shop.b", {}, eta=future, new_run=NewRun("b", {})
+    transitions.schedule(
+        store,
+        later_run,
+        "b",
+        step_id=later_step,
+        rpc_name="shop.b",
+        data={},
+        eta=future,
+        new_run=NewRun("b", {}),
     )
     stale = {s.step_id: s for s in store.reaping.stale_scheduled(older_than=0)}
     assert step_id in stale and later_step not in stale

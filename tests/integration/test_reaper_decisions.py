@@ -26,6 +26,7 @@ from pikku_celery.mirror import CeleryMirror
 from pikku_celery.store import LOST_ERROR_TYPE
 from tests.acceptance.conftest import AMQP_URL, address, port_open, redis_db
 from tests.conftest import service_missing
+from tests.support import transitions
 from tests.support.threads import run_threads
 
 BROKER = redis_db(13)
@@ -57,7 +58,9 @@ def _queued(app: Celery) -> list[dict[str, Any]]:
 def _running_on_a_dead_worker(store: WorkflowStore, kind: str) -> tuple[str, str]:
     run_id = store.create_run("checkout", {"args": [], "kwargs": {}}, wire={"type": kind})
     step_id = str(uuid.uuid4())
-    store.schedule_step(run_id, step_id, "charge", "reaped.charge", {"args": [1]}, task_id=step_id)
+    transitions.schedule(
+        store, run_id, "charge", step_id=step_id, rpc_name="reaped.charge", data={"args": [1]}
+    )
     store.attempts.record_attempt(step_id, 1, "running", task_id=step_id, worker="gone@host", pid=4)
     return run_id, step_id
 

@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
+from tests.support import transitions
 from tests.support.threads import run_threads
 
 
@@ -35,17 +36,17 @@ def test_concurrent_writes_of_different_keys_lose_nothing(pg_store: WorkflowStor
 
 def test_concurrent_transitions_of_one_attempt_converge(pg_store: WorkflowStore) -> None:
     run_id = pg_store.create_run("checkout", {})
-    step = pg_store.insert_step_state(run_id, "charge", None, None)
+    step_id = transitions.schedule(pg_store, run_id, "charge")
     order = ["scheduled", "running", "succeeded", "running", "scheduled", "succeeded"]
 
     def fire(index: int) -> None:
         status = order[index % len(order)]
         if status == "scheduled":
-            pg_store.set_step_scheduled(step.step_id)
+            transitions.dispatch(pg_store, step_id)
         elif status == "running":
-            pg_store.set_step_running(step.step_id)
+            transitions.start(pg_store, step_id)
         else:
-            pg_store.set_step_result(step.step_id, "paid")
+            transitions.succeed(pg_store, step_id, 1, "paid")
 
     run_threads(12, fire)
     [attempt] = pg_store.get_run_history(run_id)

@@ -9,6 +9,7 @@ from celery import Celery
 
 from pikku_celery import PikkuCelery, RunNotFound, StepNotFound, WorkflowStore
 from pikku_celery.errors import NotAWorkflowRun
+from tests.support import transitions
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def test_resume_and_rerun_of_a_canvas_run_are_refused(
     pikku: PikkuCelery, store: WorkflowStore
 ) -> None:
     run_id = store.create_run("checkout", {}, wire={"type": "canvas"})
-    store.insert_step_state(run_id, "charge", "shop.charge", None)
+    transitions.schedule(store, run_id, "charge", rpc_name="shop.charge")
     with pytest.raises(NotAWorkflowRun, match="publish the task or canvas again"):
         pikku.resume(run_id)
     with pytest.raises(NotAWorkflowRun):
@@ -35,8 +36,8 @@ def test_rerun_from_an_unknown_step_names_the_steps_there_are(
     pikku: PikkuCelery, store: WorkflowStore
 ) -> None:
     run_id = store.create_run("flow", {}, wire={"type": "workflow"})
-    store.insert_step_state(run_id, "reserve", None, None)
-    store.insert_step_state(run_id, "charge", None, None)
+    transitions.schedule(store, run_id, "reserve")
+    transitions.schedule(store, run_id, "charge")
     with pytest.raises(StepNotFound, match="the run's steps are reserve, charge"):
         pikku.rerun(run_id, from_step="ship")
 

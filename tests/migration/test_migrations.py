@@ -19,6 +19,7 @@ from pikku_celery.errors import StoreError
 from pikku_celery.schema import metadata, migrate
 from pikku_celery.store.models import seconds_of
 from tests.conftest import PgServer
+from tests.support import transitions
 
 EXPECTED_INDEXES = {
     "workflow_step_history": ["workflow_step_id", "created_at"],
@@ -127,7 +128,7 @@ def test_sqlite_cascades_work_on_every_connection(tmp_path: Path) -> None:
     store = WorkflowStore(f"sqlite:///{tmp_path / 'fk.db'}")
     store.init()
     run_id = store.create_run("checkout", {})
-    store.insert_step_state(run_id, "a", None, None)
+    transitions.schedule(store, run_id, "a")
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     assert store.delete_run(run_id)

@@ -7,6 +7,7 @@ import uuid
 
 from pikku_celery import WorkflowStore
 from pikku_celery.store.attempts import NewRun
+from tests.support import transitions
 
 #: The error the reaper writes on a lost attempt, as the tests use it.
 LOST = {
@@ -24,15 +25,15 @@ def scheduled_step(
 ) -> tuple[str, str]:
     """A lone task's run and its step, published: ``(run_id, step_id)``."""
     run_id, step_id = str(uuid.uuid4()), str(uuid.uuid4())
-    store.schedule_step(
+    transitions.schedule(
+        store,
         run_id,
-        step_id,
         "charge",
-        "shop.charge",
-        {"args": [1], "kwargs": {}},
+        step_id=step_id,
+        rpc_name="shop.charge",
+        data={"args": [1], "kwargs": {}},
         retries=retries,
         eta=eta,
-        task_id=step_id,
         new_run=NewRun("charge", {"card": "secret"}, {"type": "task"}),
     )
     return run_id, step_id

@@ -17,6 +17,7 @@ import pytest
 from pikku_celery import PikkuCelery, WorkflowStore
 from pikku_celery.cli import commands as cli
 from pikku_celery.cli import common as codes
+from tests.support import transitions
 from tests.support.durable import Recorder, ShippedOrder, durable_pikku, settle, shipped_order
 
 APP_MODULE = "faces_send_app"
@@ -111,7 +112,7 @@ def test_show_of_a_run_without_waits_or_children_is_as_it_was(
     store: WorkflowStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_id = store.create_run("report", {})
-    store.schedule_step(run_id, "s1", "build", "shop.build", {}, task_id="s1")
+    transitions.schedule(store, run_id, "build", step_id="s1", rpc_name="shop.build", data={})
     text = show(store, run_id, capsys)
     assert text.split("\n\nsteps\n")[1].splitlines()[0].split() == [
         "step",

@@ -14,6 +14,7 @@ import pytest
 from pikku_celery import WorkflowStore
 from pikku_celery.cli import commands as cli
 from pikku_celery.cli import common as codes
+from tests.support import transitions
 
 LONG = (
     "Error while publishing to redis://broker.internal:6379/0: the connection was refused "
@@ -58,7 +59,7 @@ def test_a_run_with_steps_shows_its_whole_error_too(
 ) -> None:
     run_id = store.create_run("checkout", {})
     step = str(uuid.uuid4())
-    store.schedule_step(run_id, step, "charge", "shop.charge", {}, task_id=step)
+    transitions.schedule(store, run_id, "charge", step_id=step, rpc_name="shop.charge", data={})
     store.attempts.record_attempt(step, 1, "running", task_id=step, worker="w@h", pid=7)
     store.attempts.record_attempt(step, 1, "failed", error={"type": "ValueError", "message": LONG})
     store.attempts.settle_run(

@@ -15,6 +15,7 @@ import pytest
 from pikku_celery import WorkflowStore
 from pikku_celery.cli import commands as cli
 from pikku_celery.render.text import format_history, format_run, format_runs
+from tests.support import transitions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,7 +74,7 @@ def test_results_are_json_in_the_demos_tables_as_in_runs_show(sqlite_store: Work
     store = sqlite_store
     run_id = store.create_run("checkout", {"order": 1})
     step = str(uuid.uuid4())
-    store.schedule_step(run_id, step, "reserve", "shop.reserve", {}, task_id=step)
+    transitions.schedule(store, run_id, "reserve", step_id=step, rpc_name="shop.reserve", data={})
     store.attempts.record_attempt(step, 1, "running", task_id=step)
     store.attempts.record_attempt(
         step, 1, "succeeded", result={"charged": 42.0, "ok": True, "n": None}
@@ -94,7 +95,7 @@ def test_runs_show_prints_each_failed_attempts_traceback_under_it(
     store = sqlite_store
     run_id = store.create_run("checkout", {})
     step = str(uuid.uuid4())
-    store.schedule_step(run_id, step, "charge", "shop.charge", {}, task_id=step)
+    transitions.schedule(store, run_id, "charge", step_id=step, rpc_name="shop.charge", data={})
     store.attempts.record_attempt(step, 1, "running", task_id=step)
     traceback = 'Traceback (most recent call last):\n  File "shop.py", line 9\nOSError: down\n'
     store.attempts.record_attempt(

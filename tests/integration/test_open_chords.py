@@ -1,0 +1,89 @@
+"""A chord holds its run open until its body is out, and a late start keeps the row's worker.
+
+Written as the mirror writes them (store batches), on SQLite and PostgreSQL. Celery publishes
+a chord's body only once its header is done (from the last header task, or from a
+``chord_unlock``), so there is a moment when every step of the run has succeeded and the
+body is not there yet: the run must not be completed then, with a header's result as output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+
+from pikku_celery.store import WorkflowStore
+from tests.support.transitions import apply, new_step, start, succeed
+
+
+def _run(store: WorkflowStore) -> str:
+    return store.create_run("totals", {"args": [], "kwargs": {}}, wire={"type": "canvas"})
+
+
+def test_a_run_waits_for_its_chords_body_after_the_header_succeeded(store: WorkflowStore) -> None:
+    run_id = _run(store)
+    body_id = str(uuid.uuid4())
+    header = [
+        dataclasses.replace(
+            new_step(store, run_id, "add", rpc_name="shop.add", data={"args": [n, n]}),
+            chord_body=body_id,
+        )
+        for n in (1, 2, 3)
+    ]
+    result = apply(store, steps=header)
+    assert result.missing == frozenset()
+    for n, step in enumerate(header, start=1):
+        start(store, step.step_id)
+        succeed(store, step.step_id, 1, n * 2)
+    assert store.get_run(run_id).status == "running"  # the body is not out yet
+
+    body = new_step(
+        store,
+        run_id,
+        "total",
+        rpc_name="shop.total",
+        data={"args": [[2, 4, 6]]},
+        step_id=body_id,
+        parent_step_id=header[-1].step_id,
+    )
+    assert apply(store, steps=[body]).missing == frozenset()
+    assert store.get_run(run_id).status == "running"  # out, not done
+    start(store, body_id)
+    succeed(store, body_id, 1, 12)
+    run = store.get_run(run_id)
+    assert (run.status, run.output) == ("completed", 12)
+
+
+def test_a_header_task_published_twice_opens_its_chord_once(store: WorkflowStore) -> None:
+    run_id = _run(store)
+    body_id = str(uuid.uuid4())
+    step = dataclasses.replace(
+        new_step(store, run_id, "add", rpc_name="shop.add"), chord_body=body_id
+    )
+    apply(store, steps=[step])
+    assert apply(store, steps=[step]).missing == frozenset()  # a republish: nothing new
+    start(store, step.step_id)
+    succeed(store, step.step_id, 1, 2)
+    assert store.get_run(run_id).status == "running"
+    store.delete_run(run_id)  # its chords go with it
+    assert store.list_runs() == []
+
+
+def test_a_late_start_of_an_earlier_delivery_keeps_where_the_attempt_ran_last(
+    store: WorkflowStore,
+) -> None:
+    run_id = _run(store)
+    step = new_step(store, run_id, "slow", rpc_name="shop.slow")
+    apply(store, steps=[step])
+    first = dt.datetime.now(dt.timezone.utc)
+    # The redelivery's start is written first; the killed pool child's own start comes
+    # later, when its journal is adopted.
+    start(store, step.step_id, worker="w@host", pid=2222, at=first + dt.timedelta(seconds=5))
+    start(store, step.step_id, worker="w@host", pid=1111, at=first)
+    [attempt] = store.get_run_history(run_id)
+    assert (attempt.pid, attempt.delivery_count) == (2222, 2)
+
+    # In order, a later delivery's start is where it ran last.
+    start(store, step.step_id, worker="w2@host", pid=3333, at=first + dt.timedelta(seconds=9))
+    [attempt] = store.get_run_history(run_id)
+    assert (attempt.worker, attempt.pid, attempt.delivery_count) == ("w2@host", 3333, 3)
