@@ -13,7 +13,6 @@
     │   │   ├── RunNotFound
     │   │   ├── StepNotFound
     │   │   └── VersionNotFound
-    │   ├── StepAlreadyExists       (run, step name) is taken
     │   ├── RunIdTaken              a start's run id belongs to a run of another workflow
     │   ├── RunSettled              an event sent to a run that has ended
     │   ├── InvalidStatus           a status outside the allowed set
@@ -59,7 +58,6 @@ __all__ = [
     "RunSettled",
     "SchemaNotCurrent",
     "SerializationError",
-    "StepAlreadyExists",
     "StepFailed",
     "StepMismatch",
     "StepNotFound",
@@ -162,26 +160,14 @@ class StepNotFound(NotFoundError):
 
 
 class VersionNotFound(NotFoundError):
-    """No such workflow version; register it with upsert_workflow_version() first."""
+    """No such workflow version; register it with store.versions.upsert_workflow_version()."""
 
     def __init__(self, workflow_name: str, graph_hash: str) -> None:
         self.workflow_name = workflow_name
         self.graph_hash = graph_hash
         super().__init__(
             f"Workflow {workflow_name!r} has no version {graph_hash!r}; register it with "
-            "upsert_workflow_version() first."
-        )
-
-
-class StepAlreadyExists(StoreError):
-    """A step with this name already exists in the run; use get_step_state() to read it."""
-
-    def __init__(self, run_id: str, step_name: str) -> None:
-        self.run_id = run_id
-        self.step_name = step_name
-        super().__init__(
-            f"Step {step_name!r} already exists in run {run_id!r}; read it with "
-            "get_step_state() or pick another step name."
+            "store.versions.upsert_workflow_version() first."
         )
 
 
