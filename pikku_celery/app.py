@@ -17,6 +17,7 @@ from celery.canvas import Signature
 from pikku_celery.durations import format_duration, parse_duration
 from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration import signals
+from pikku_celery.integration.backend import SCHEME
 from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
@@ -49,6 +50,10 @@ class PikkuCelery:
     ``mirror="all"`` (else ``app.conf.pikku_mirror``, else ``PIKKU_MIRROR``) mirrors
     every task of the app, not only ``WorkflowTask`` ones (``"steps"``, the default),
     but those ``exclude`` names (names or globs; else ``app.conf.pikku_mirror_exclude``).
+
+    ``result_backend=True`` makes the same database Celery's result backend
+    (``app.conf.result_backend = "pikku://"``): ``AsyncResult.get()`` reads what the
+    mirror wrote, in the same transactions as the attempts.
     """
 
     def __init__(
@@ -60,6 +65,7 @@ class PikkuCelery:
         journal_dir: str | None = None,
         mirror: str | None = None,
         exclude: Iterable[str] | None = None,
+        result_backend: bool = False,
     ) -> None:
         if store is not None and database_url is not None:
             raise ConfigurationError("Pass either database_url or store, not both.")
@@ -90,6 +96,10 @@ class PikkuCelery:
         reap_task = as_task_function(self._reap_task)
         app.task(name=REAP_TASK, ignore_result=True, shared=False)(reap_task)
         signals.install(self)
+        if result_backend:
+            # Celery's own URL parsing finds the backend by its entry point: the same as
+            # the user writing backend="pikku://".
+            app.conf.update(result_backend=f"{SCHEME}://")
 
     def uninstall(self) -> None:
         """Stop mirroring this app's tasks in this process (``PikkuCelery(app)`` installed it).

@@ -147,15 +147,17 @@ class StepNotFound(NotFoundError):
         step_id: str | None = None,
         run_id: str | None = None,
         step_name: str | None = None,
-        hint: str = "list the steps a run has with `pikku-celery runs show RUN_ID`",
+        hint: str | None = None,
     ) -> None:
         self.step_id = step_id
         self.run_id = run_id
         self.step_name = step_name
         if step_id is not None:
             where = f"step id {step_id!r}"
+            hint = hint or "check the id (a Celery step's id is its task id)"
         else:
             where = f"step {step_name!r} of run {run_id!r}"
+            hint = hint or f"`pikku-celery runs show {run_id}` lists the steps it has"
         super().__init__(f"Workflow {where} does not exist; {hint}.")
 
 

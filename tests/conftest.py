@@ -34,6 +34,9 @@ TABLES = (
     "workflow_runs",
     "pikku_celery_leases",
     "pikku_celery_run_events",
+    "pikku_celery_chords",
+    "pikku_celery_results",
+    "pikku_celery_groups",
 )
 
 

@@ -23,6 +23,7 @@ from celery.exceptions import Reject, Retry
 
 from pikku_celery.integration import control, installed, replace
 from pikku_celery.integration import headers as h
+from pikku_celery.integration.backend import take_stashed
 from pikku_celery.integration.installed import Installed, installed_on, registry
 from pikku_celery.integration.task import retry_policy
 from pikku_celery.mirror import PublishedStep
@@ -236,6 +237,15 @@ def _delivered_to(request: Any) -> dict[str, Any] | None:
 
 def _call_data(args: Any, kwargs: Any) -> dict[str, Any]:
     return {"args": list(args or ()), "kwargs": dict(kwargs or {})}
+
+
+def _journal_result(task: Any) -> None:
+    """The result ``backend="pikku://"`` stored at the task's end, journaled after the
+    attempt's own end (the handlers above ran first), so it is never in SQL before it."""
+    row = take_stashed(getattr(task, "request", None))
+    pikku = installed_on(getattr(task, "app", None))
+    if row is not None and pikku is not None:
+        pikku.mirror.result_stored(row.task_id, row.attempt, row.status, row.meta, row.date_done)
 
 
 def _chord_body(body: Any) -> str | None:
@@ -471,6 +481,7 @@ def task_revoked(
 
 @_isolated
 def task_postrun(task: Any = None, state: Any = None, **_: Any) -> None:
+    _journal_result(task)
     if state != states.IGNORED:
         return  # every other end has a signal of its own
     mirrored = step_of(task)

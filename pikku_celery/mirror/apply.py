@@ -10,7 +10,9 @@ once, as succeeded, with both times). Which rows an event moves:
 - ``AttemptRetried``: attempt K failed and attempt K+1 scheduled;
 - ``AttemptSucceeded``: attempt K succeeded; its run completes if it was the last;
 - ``AttemptEnded``: attempt K failed or cancelled, and so does its run;
-- ``AttemptReplaced``: attempt K handed its task id to its replacement, with whose end it ends.
+- ``AttemptReplaced``: attempt K handed its task id to its replacement, with whose end it ends;
+- ``ResultStored``: Celery's view of a task, for ``backend="pikku://"``, written with the
+  attempt it belongs to.
 
 A step a worker ran that no publisher recorded is adopted: at once when the
 message came from a process without pikku-celery, after ``grace`` seconds
@@ -19,6 +21,7 @@ when its publisher's event should have come first.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +35,7 @@ from pikku_celery.mirror.events import (
     AttemptStarted,
     AttemptSucceeded,
     MirrorEvent,
+    ResultStored,
     StepDispatched,
     StepPublished,
 )
@@ -41,6 +45,7 @@ from pikku_celery.store import (
     Handover,
     MirrorBatch,
     NewStep,
+    ResultWrite,
     RunOutcome,
     StepTransition,
 )
@@ -272,6 +277,17 @@ def plan(pending: Sequence[Pending]) -> MirrorBatch:
         elif isinstance(event, AttemptReplaced):
             planner.batch.handovers.append(
                 Handover(event.step_id, event.attempt, event.replaced_by)
+            )
+        elif isinstance(event, ResultStored):
+            planner.batch.results.append(
+                ResultWrite(
+                    task_id=event.step_id,
+                    attempt=event.attempt,
+                    status=event.state,
+                    meta=base64.b64decode(event.meta_b64),
+                    at=moment(event.at),
+                    date_done=_maybe(event.date_done),
+                )
             )
         else:  # pragma: no cover - decode() makes only the kinds above
             raise TypeError(f"not a mirror event: {event!r}")

@@ -10,6 +10,7 @@ event moves.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime as dt
 import json
@@ -39,6 +40,7 @@ from pikku_celery.mirror.events import (
     AttemptStarted,
     AttemptSucceeded,
     MirrorEvent,
+    ResultStored,
     StepDispatched,
     StepPublished,
     new_event_id,
@@ -400,6 +402,27 @@ class CeleryMirror:
                 run_id=run_id,
                 result_json=self._json(result, "step result"),
                 orchestrated=orchestrated,
+            )
+        )
+
+    def result_stored(
+        self,
+        task_id: str,
+        attempt: int | None,
+        state: str,
+        meta: bytes,
+        date_done: dt.datetime | None = None,
+    ) -> None:
+        """Celery's result backend stored a task's state (``backend="pikku://"``)."""
+        self._append(
+            ResultStored(
+                id=new_event_id(),
+                at=time.time(),
+                step_id=task_id,
+                attempt=attempt,
+                state=state,
+                meta_b64=base64.b64encode(meta).decode("ascii"),
+                date_done=None if date_done is None else date_done.timestamp(),
             )
         )
 

@@ -27,6 +27,7 @@ __all__ = [
     "AttemptStarted",
     "AttemptSucceeded",
     "MirrorEvent",
+    "ResultStored",
     "StepDispatched",
     "StepPublished",
     "decode",
@@ -175,6 +176,23 @@ class AttemptReplaced(MirrorEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class ResultStored(MirrorEvent):
+    """Celery's result backend stored a task's state (``backend="pikku://"``);
+    ``step_id`` is the task id, a step's or not.
+
+    ``meta_b64``: the meta as the app's result serializer encoded it, in base64 so any
+    serializer's bytes fit in a journal line; ``attempt``: the attempt that wrote it
+    (None: the row's own, for a revoke sent from outside the task).
+    """
+
+    kind: ClassVar[str] = "result"
+    attempt: int | None
+    state: str
+    meta_b64: str
+    date_done: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StepDispatched(MirrorEvent):
     """The message of a step that a replay claimed in SQL is out (attempt K).
 
@@ -196,6 +214,7 @@ _KINDS: Final[dict[str, type[MirrorEvent]]] = {
         AttemptSucceeded,
         AttemptEnded,
         AttemptReplaced,
+        ResultStored,
     )
 }
 _FIELDS: Final = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}

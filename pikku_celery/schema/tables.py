@@ -28,6 +28,8 @@ __all__ = [
     "Flag",
     "JsonText",
     "UtcDateTime",
+    "celery_groups",
+    "celery_results",
     "chords",
     "format_timestamp",
     "leases",
@@ -424,4 +426,32 @@ chords = sa.Table(
     ),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Index("idx_pikku_celery_chords_run", "workflow_run_id"),
+)
+
+# Not one of Pikku's tables: Celery's own view of each task, for ``backend="pikku://"``.
+# ``meta`` is what any Celery result backend keeps for a task (status, result,
+# traceback, children, date done, the extended fields), encoded by the app's result
+# serializer; ``attempt`` is the attempt that wrote it (``retries + 1``), so a write
+# of attempt K replaces anything of an earlier attempt and, within an attempt, a ready
+# state is final. The history stays in ``workflow_step_history``.
+celery_results = sa.Table(
+    "pikku_celery_results",
+    metadata,
+    sa.Column("task_id", sa.Text, primary_key=True),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("meta", sa.LargeBinary, nullable=False),
+    sa.Column("date_done", UtcDateTime),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Index("idx_pikku_celery_results_updated", "updated_at"),
+)
+
+# A group's result as Celery saves it (``GroupResult.save``): its children's ids.
+celery_groups = sa.Table(
+    "pikku_celery_groups",
+    metadata,
+    sa.Column("group_id", sa.Text, primary_key=True),
+    sa.Column("meta", sa.LargeBinary, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Index("idx_pikku_celery_groups_updated", "updated_at"),
 )

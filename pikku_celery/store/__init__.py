@@ -21,6 +21,7 @@ from pikku_celery.store.mirror_batch import (
     Handover,
     MirrorBatch,
     NewStep,
+    ResultWrite,
     RunOutcome,
     StepTransition,
 )
@@ -44,6 +45,7 @@ from pikku_celery.store.models import (
     run_kind,
 )
 from pikku_celery.store.prune import DEFAULT_PRUNE_STATUSES, PruneCount
+from pikku_celery.store.results import StoredResult
 from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts
 from pikku_celery.store.workflow_store import PUBLIC_METHODS, UNSET, WorkflowStore
 from pikku_celery.store.workflows import child_error
@@ -72,12 +74,14 @@ __all__ = [
     "OpenAttempt",
     "OpenStepCounts",
     "PruneCount",
+    "ResultWrite",
     "RunEvent",
     "RunOutcome",
     "StaleStep",
     "StepAttempt",
     "StepState",
     "StepTransition",
+    "StoredResult",
     "UnsentClaim",
     "WorkflowRun",
     "WorkflowStore",

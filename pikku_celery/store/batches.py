@@ -31,6 +31,7 @@ from pikku_celery.store.mirror_batch import (
     StepTransition,
 )
 from pikku_celery.store.models import run_kind
+from pikku_celery.store.results import Results
 
 __all__ = ["Batches"]
 
@@ -44,8 +45,9 @@ def _iso(value: Any) -> str:
 class Batches:
     """The mirror's port: a batch of events' rows in one transaction."""
 
-    def __init__(self, db: Connector) -> None:
+    def __init__(self, db: Connector, results: Results) -> None:
         self._db = db
+        self._results = results
         writes: dict[str, Callable[[Connector], _DialectWrites]] = {
             "postgresql": _PostgresWrites,
             "sqlite": _SqliteWrites,
@@ -94,6 +96,9 @@ class Batches:
         handovers = [h for h in batch.handovers if h.step_id in known]
         missing |= {h.step_id for h in batch.handovers if h.step_id not in known}
         self._write_handovers(c, handovers)
+
+        # A result is written with its attempt's end: one whose step waits, waits with it.
+        self._results.write([r for r in batch.results if r.task_id not in missing], conn=c)
 
         outcomes = [o for o in batch.outcomes if o.step_id in known]
         missing |= {o.step_id for o in batch.outcomes if o.step_id not in known}

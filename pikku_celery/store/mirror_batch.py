@@ -12,7 +12,15 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-__all__ = ["BatchResult", "Handover", "MirrorBatch", "NewStep", "RunOutcome", "StepTransition"]
+__all__ = [
+    "BatchResult",
+    "Handover",
+    "MirrorBatch",
+    "NewStep",
+    "ResultWrite",
+    "RunOutcome",
+    "StepTransition",
+]
 
 TRANSITION_STATUSES: Final = frozenset({"scheduled", "running", "succeeded", "failed", "cancelled"})
 
@@ -105,15 +113,38 @@ class Handover:
     replaced_by: str
 
 
+@dataclass(frozen=True, slots=True)
+class ResultWrite:
+    """Celery's result of a task (``backend="pikku://"``), as its serializer encoded it.
+
+    ``attempt``: the attempt that wrote it (None: the row's own, for a revoke sent from
+    outside the task). Not tied to a step: any task of the app has one.
+    """
+
+    task_id: str
+    attempt: int | None
+    status: str
+    meta: bytes
+    at: dt.datetime
+    date_done: dt.datetime | None = None
+
+
 @dataclass(slots=True)
 class MirrorBatch:
     steps: list[NewStep] = field(default_factory=list)
     transitions: list[StepTransition] = field(default_factory=list)
     outcomes: list[RunOutcome] = field(default_factory=list)
     handovers: list[Handover] = field(default_factory=list)
+    results: list[ResultWrite] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.steps) + len(self.transitions) + len(self.outcomes) + len(self.handovers)
+        return (
+            len(self.steps)
+            + len(self.transitions)
+            + len(self.outcomes)
+            + len(self.handovers)
+            + len(self.results)
+        )
 
 
 @dataclass(frozen=True, slots=True)

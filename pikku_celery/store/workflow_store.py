@@ -36,6 +36,7 @@ from pikku_celery.store.models import (
 )
 from pikku_celery.store.prune import DEFAULT_PRUNE_STATUSES, PruneCount, Pruning
 from pikku_celery.store.reap import Reaping
+from pikku_celery.store.results import Results
 from pikku_celery.store.runs import Runs
 from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts, Stats
 from pikku_celery.store.versions import Versions
@@ -81,7 +82,8 @@ class WorkflowStore:
         self.reaping = Reaping(self.db, self.attempts)
         self.stats = Stats(self.db)
         self.pruning = Pruning(self.db)
-        self.batches = Batches(self.db)
+        self.results = Results(self.db)
+        self.batches = Batches(self.db, self.results)
 
     def __repr__(self) -> str:
         return f"WorkflowStore({safe_url(self.engine.url)!r})"

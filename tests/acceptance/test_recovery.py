@@ -166,7 +166,7 @@ def test_a_replay_killed_between_claiming_a_step_and_sending_it_is_finished(
 def _claims_seen(shop: ModuleType) -> str:
     """What the reaper would see of unsent claims now: for a failure's message."""
     store = shop.pikku.store
-    claims = store.unsent_claims(older_than=0)
+    claims = store.reaping.unsent_claims(older_than=0)
     view = control.ask(shop.app, [c.step_id for c in claims], 1.0)
     with store.engine.connect() as conn:
         leases = conn.execute(sa.text("SELECT * FROM pikku_celery_leases")).all()
@@ -179,7 +179,9 @@ def test_three_workers_starting_together_replay_each_unsettled_run_at_most_twice
     tmp = tmp_path_factory.mktemp("fleet")
     store = shop.pikku.store
     workflow = shop.parked_at_once
-    store.upsert_workflow_version(workflow.name, workflow.version, workflow.graph, "python")
+    store.versions.upsert_workflow_version(
+        workflow.name, workflow.version, workflow.graph, "python"
+    )
     run_ids = [
         store.create_run(
             workflow.name,
@@ -308,7 +310,7 @@ def test_the_reaper_leaves_an_attempt_whose_end_still_waits_in_a_live_journal(
             lambda: shop.pikku.store.get_step_state(result.id, "quick").status == "scheduled",
             what="the publish in SQL",
         )
-        shop.pikku.store.record_attempt(
+        shop.pikku.store.attempts.record_attempt(
             result.id, 1, "running", task_id=result.id, worker=nodename, pid=int(start.split()[2])
         )
         report = shop.pikku.reap(idle_for=0, reply_timeout=1)

@@ -120,19 +120,19 @@ def retry_story() -> list[tuple[str, Event]]:
     """Attempt 1 runs and is retried; attempt 2 runs and succeeds (as Celery reports it)."""
     eta = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
     return [
-        ("1 running", lambda s, i: s.record_attempt(i, 1, "running", worker="w1")),
+        ("1 running", lambda s, i: s.attempts.record_attempt(i, 1, "running", worker="w1")),
         (
             "1 failed + 2 scheduled",
             lambda s, i: (
                 (
-                    s.record_attempt(i, 1, "failed", error=ValueError("timeout")),
-                    s.record_attempt(i, 2, "scheduled", eta=eta, reason="retry"),
+                    s.attempts.record_attempt(i, 1, "failed", error=ValueError("timeout")),
+                    s.attempts.record_attempt(i, 2, "scheduled", eta=eta, reason="retry"),
                 )
                 and None
             ),
         ),
-        ("2 running", lambda s, i: s.record_attempt(i, 2, "running", worker="w2")),
-        ("2 succeeded", lambda s, i: s.record_attempt(i, 2, "succeeded", result="ok")),
+        ("2 running", lambda s, i: s.attempts.record_attempt(i, 2, "running", worker="w2")),
+        ("2 succeeded", lambda s, i: s.attempts.record_attempt(i, 2, "succeeded", result="ok")),
     ]
 
 

@@ -336,7 +336,7 @@ def test_get_step_state_is_one_query_without_history(store: WorkflowStore) -> No
 
 def test_get_step_state_of_missing_step_is_a_typed_error(store: WorkflowStore) -> None:
     run_id = store.create_run("checkout", {})
-    with pytest.raises(StepNotFound, match="pikku-celery runs show RUN_ID"):
+    with pytest.raises(StepNotFound, match=f"pikku-celery runs show {run_id}"):
         store.get_step_state(run_id, "nope")
 
 

@@ -30,7 +30,7 @@ def test_every_error_has_one_root_and_a_message_that_says_what_to_do() -> None:
         assert issubclass(cls, errors.PikkuCeleryError), cls
         assert cls.__doc__, cls
     assert str(errors.SchemaNotCurrent()).endswith("run `pikku-celery db upgrade`.")
-    assert "pikku-celery runs show RUN_ID" in str(errors.StepNotFound(run_id="r", step_name="s"))
+    assert "`pikku-celery runs show r`" in str(errors.StepNotFound(run_id="r", step_name="s"))
     assert issubclass(errors.StoreUnavailable, errors.Transient)
 
 

@@ -1,0 +1,256 @@
+"""Celery's result backend over the store: ``backend="pikku://"``.
+
+One store instead of two: a task's result is one more mirror event, journaled in
+the worker and written in the batch of the attempt it belongs to, so
+``AsyncResult.state == "SUCCESS"`` only once SQL shows that attempt succeeded,
+and a database outage never fails a task. Readers read committed SQL only.
+
+URLs, through Celery's own parsing (``backend=`` or ``result_backend``):
+``pikku://`` is the database of the ``PikkuCelery`` on the app (or, in a process
+that only reads results, ``PIKKU_DATABASE_URL`` or the default); ``pikku+postgresql://...``
+and ``pikku+sqlite:///...`` name a database. A URL naming another database than the
+app's mirror is a ``ConfigurationError``.
+
+Registered as the ``pikku`` entry point of ``celery.result_backends``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from celery import states
+from celery.backends.base import BaseBackend
+from celery.exceptions import TimeoutError as CeleryTimeout
+from celery.result import result_from_tuple
+from kombu.utils.encoding import bytes_to_str, ensure_bytes
+
+from pikku_celery.errors import ConfigurationError, StepNotFound
+from pikku_celery.integration import replace
+from pikku_celery.integration.installed import installed_on
+from pikku_celery.store import (
+    DEFAULT_DATABASE_URL,
+    ENV_DATABASE_URL,
+    ResultWrite,
+    WorkflowStore,
+    now,
+    safe_url,
+    same_database,
+)
+
+__all__ = ["SCHEME", "PikkuBackend", "take_stashed"]
+
+SCHEME: Final = "pikku"
+# Written by the task's end, which the worker's signal handlers journal after the
+# attempt's own end: a reader never sees SUCCESS before SQL shows the attempt succeeded.
+_AFTER_THE_ATTEMPT: Final = frozenset({states.SUCCESS, states.FAILURE, states.RETRY})
+_STASH: Final = "pikku_result"
+# Waiting: look often at first (a task's end is in SQL within the flush lag), then
+# at most every ``interval`` Celery was given.
+_FIRST_LOOK: Final = 0.005
+_BRISK_FOR: Final = 10.0
+_BRISK_CAP: Final = 0.05
+
+
+def _url_of(url: str | None) -> str | None:
+    """The database URL inside a backend URL; None for ``pikku://`` (the app's own)."""
+    if not url or url.rstrip("/") in (f"{SCHEME}:", f"{SCHEME}:/"):
+        return None
+    if url.startswith(f"{SCHEME}+"):
+        return url[len(SCHEME) + 1 :]
+    if url.startswith(f"{SCHEME}://"):
+        raise ConfigurationError(
+            f"The result backend URL {safe_url(url)!r} names no database; use 'pikku://' for "
+            "the PikkuCelery's own, or 'pikku+postgresql://...' / 'pikku+sqlite:///...'."
+        )
+    return url  # Celery passes ``pikku+postgresql://x`` on as ``postgresql://x``
+
+
+class PikkuBackend(BaseBackend):
+    """Results in the pikku-celery store, written through the mirror's journal."""
+
+    # Results outlive the worker (``worker_deduplicate_successful_tasks`` needs that).
+    persistent = True
+    supports_autoexpire = False
+    supports_native_join = False
+    # Set by Celery's Backend; named for the type checker, which has no stub of them.
+    app: Any
+    _ensure_not_eager: Callable[[], None]
+    _get_result_meta: Callable[..., dict[str, Any]]
+
+    def __init__(self, app: Any, url: str | None = None, **kwargs: Any) -> None:
+        super().__init__(app, url=url, **kwargs)
+        self._named = _url_of(url)
+        self._own: WorkflowStore | None = None
+        self._own_pid = 0
+        self._lock = threading.Lock()
+        pikku = installed_on(app)
+        if pikku is not None:
+            self._check_same(pikku.mirror.store)
+
+    # --- the store -----------------------------------------------------------------
+
+    def _check_same(self, store: WorkflowStore) -> None:
+        mirrored = store.engine.url.render_as_string(hide_password=False)
+        if self._named is not None and not same_database(self._named, mirrored):
+            raise ConfigurationError(
+                f"The result backend names the database {safe_url(self._named)}, but this "
+                f"app's PikkuCelery mirrors into {safe_url(mirrored)}; use "
+                "backend='pikku://' for the same database, or give both the same URL."
+            )
+
+    @property
+    def store(self) -> WorkflowStore:
+        """The app's mirror's store, or one of this process's own (a process that only
+        reads results: a web app calling ``AsyncResult.get()``)."""
+        pikku = installed_on(self.app)
+        if pikku is not None:
+            self._check_same(pikku.mirror.store)
+            return pikku.mirror.store
+        with self._lock:
+            if self._own is None or self._own_pid != os.getpid():
+                url = (
+                    self._named
+                    or self.app.conf.get("pikku_database_url")
+                    or os.environ.get(ENV_DATABASE_URL)
+                    or DEFAULT_DATABASE_URL
+                )
+                if self._own is not None:
+                    self._own.dispose_after_fork()  # the parent's connections stay its own
+                self._own, self._own_pid = WorkflowStore(url), os.getpid()
+            return self._own
+
+    # --- writes --------------------------------------------------------------------
+
+    def _store_result(
+        self,
+        task_id: str,
+        result: Any,
+        state: str,
+        traceback: Any = None,
+        request: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        meta = self._get_result_meta(
+            result=result, state=state, traceback=traceback, request=request
+        )
+        meta["task_id"] = bytes_to_str(task_id)
+        row = ResultWrite(
+            task_id=str(task_id),
+            attempt=_attempt(request, task_id),
+            status=state,
+            meta=ensure_bytes(self.encode(meta)),
+            at=now(),
+            date_done=_date(meta.get("date_done")),
+        )
+        pikku = installed_on(self.app)
+        if pikku is None:
+            self.store.results.write([row])  # no journal in this process: one write now
+        elif state in _AFTER_THE_ATTEMPT and _running(request, task_id):
+            setattr(request, _STASH, row)  # journaled by task_postrun, after the attempt
+        else:
+            pikku.mirror.result_stored(
+                row.task_id, row.attempt, row.status, row.meta, row.date_done
+            )
+        return result
+
+    def _forget(self, task_id: str) -> None:
+        self.store.results.forget(str(task_id))
+
+    def _save_group(self, group_id: str, result: Any) -> Any:
+        payload = ensure_bytes(self.encode({"result": result.as_tuple()}))
+        self.store.results.save_group(str(group_id), payload)
+        return result
+
+    def _delete_group(self, group_id: str) -> None:
+        self.store.results.delete_group(str(group_id))
+
+    # --- reads ---------------------------------------------------------------------
+
+    def _get_task_meta_for(self, task_id: str) -> dict[str, Any]:
+        stored = self.store.results.get(str(task_id))
+        if stored is None:
+            return {"status": states.PENDING, "result": None}
+        meta: dict[str, Any] = self.decode_result(stored.meta)
+        return meta
+
+    def _restore_group(self, group_id: str) -> dict[str, Any] | None:
+        payload = self.store.results.get_group(str(group_id))
+        if payload is None:
+            return None
+        meta: dict[str, Any] = self.decode(payload)
+        meta["result"] = result_from_tuple(meta["result"], self.app)
+        return meta
+
+    def task_result_exists(self, task_id: str) -> bool:
+        """True once the task has a result, or once the mirror recorded its publish."""
+        if self.store.results.get(str(task_id)) is not None:
+            return True
+        try:
+            self.store.get_step(str(task_id))
+        except StepNotFound:
+            return False
+        return True
+
+    def wait_for(
+        self,
+        task_id: str,
+        timeout: float | None = None,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        on_interval: Any = None,
+    ) -> dict[str, Any]:
+        """Celery's wait, looking often while a result is likely soon: a task's end is in
+        SQL a flush interval after it happened, not half a second."""
+        self._ensure_not_eager()
+        started = time.monotonic()
+        nap = min(_FIRST_LOOK, interval)
+        while True:
+            meta = self.get_task_meta(task_id)
+            if meta["status"] in states.READY_STATES:
+                return meta
+            if on_interval:
+                on_interval()
+            waited = time.monotonic() - started
+            if timeout is not None and waited >= timeout:
+                raise CeleryTimeout("The operation timed out.")
+            cap = _BRISK_CAP if waited < _BRISK_FOR else interval
+            nap = min(nap * 2, cap, interval)
+            time.sleep(nap if timeout is None else max(0.0, min(nap, timeout - waited)))
+
+
+def take_stashed(request: Any) -> ResultWrite | None:
+    """The result a task's end left on its request for the mirror, once (``task_postrun``)."""
+    row = getattr(request, _STASH, None)
+    if row is not None:
+        delattr(request, _STASH)
+    return row if isinstance(row, ResultWrite) else None
+
+
+def _running(request: Any, task_id: str) -> bool:
+    """``request`` is the running task's own (its end's signals are still to come)."""
+    return request is not None and str(getattr(request, "id", "")) == str(task_id)
+
+
+def _attempt(request: Any, task_id: str) -> int | None:
+    """The attempt that writes: ``retries + 1`` of the task's own request; None for a write
+    made outside the task (a revoke from the worker's main process)."""
+    if not _running(request, task_id) or not isinstance(getattr(request, "retries", None), int):
+        return None
+    return replace.attempt_of(request)
+
+
+def _date(value: Any) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    if isinstance(value, str):
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+    return None

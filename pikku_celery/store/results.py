@@ -1,0 +1,98 @@
+"""Celery's view of each task and group (``backend="pikku://"``), beside the history.
+
+Written by the mirror's batches (a task's result lands in the transaction of the
+attempt it belongs to) or, in a process without a mirror, one write at a time; read
+by the result backend. The values are Celery's own, encoded by the app's result
+serializer: the store keeps them as bytes and never looks inside.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from pikku_celery.store import sql
+from pikku_celery.store.common import now
+from pikku_celery.store.connector import Connector
+from pikku_celery.store.mirror_batch import ResultWrite
+
+__all__ = ["Results", "StoredResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    """A task's state and its meta as Celery encoded it."""
+
+    status: str
+    meta: bytes
+
+
+class Results:
+    """Reads and writes of ``pikku_celery_results`` and ``pikku_celery_groups``."""
+
+    def __init__(self, db: Connector) -> None:
+        self._db = db
+        self._write = sql.results.write_result(db.dialect)
+        self._save_group = sql.results.save_group(db.dialect)
+
+    def write(self, rows: Sequence[ResultWrite], *, conn: sa.Connection | None = None) -> None:
+        """Write results forward only (see ``sql.results.write_result``)."""
+        if not rows:
+            return
+        params = [
+            {
+                "task_id": r.task_id,
+                "status": r.status,
+                "attempt": r.attempt,
+                "meta": r.meta,
+                "date_done": r.date_done,
+                "now": r.at,
+            }
+            for r in rows
+        ]
+        with self._db.write(conn) as c:
+            c.execute(self._write, params)
+
+    def get(self, task_id: str, *, conn: sa.Connection | None = None) -> StoredResult | None:
+        with self._db.read(conn) as c:
+            row = c.execute(sql.results.get_result, {"task_id": task_id}).first()
+        return None if row is None else StoredResult(row.status, bytes(row.meta))
+
+    def get_many(
+        self, task_ids: Iterable[str], *, conn: sa.Connection | None = None
+    ) -> dict[str, StoredResult]:
+        ids = sorted(set(task_ids))
+        if not ids:
+            return {}
+        with self._db.read(conn) as c:
+            rows = c.execute(sql.results.get_results, {"task_ids": ids}).all()
+        return {row.task_id: StoredResult(row.status, bytes(row.meta)) for row in rows}
+
+    def forget(self, task_id: str, *, conn: sa.Connection | None = None) -> bool:
+        with self._db.single(conn) as c:
+            return bool(c.execute(sql.results.delete_result, {"task_id": task_id}).rowcount)
+
+    def save_group(self, group_id: str, meta: bytes) -> None:
+        with self._db.single(None) as c:
+            c.execute(self._save_group, {"group_id": group_id, "meta": meta, "now": now()})
+
+    def get_group(self, group_id: str) -> bytes | None:
+        with self._db.read(None) as c:
+            row = c.execute(sql.results.get_group, {"group_id": group_id}).first()
+        return None if row is None else bytes(row.meta)
+
+    def delete_group(self, group_id: str) -> bool:
+        with self._db.single(None) as c:
+            return bool(c.execute(sql.results.delete_group, {"group_id": group_id}).rowcount)
+
+    def expire(self, before: dt.datetime, *, limit: int = 1000) -> int:
+        """Delete up to ``limit`` results and as many groups last written before ``before``;
+        returns how many went (call again while it is ``limit`` or more)."""
+        params = {"before": before, "limit": limit}
+        with self._db.write(None) as c:
+            gone = c.execute(sql.results.expire_results, params).rowcount
+            gone += c.execute(sql.results.expire_groups, params).rowcount
+        return int(gone)

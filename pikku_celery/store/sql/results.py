@@ -1,0 +1,121 @@
+"""The statements of ``store/results.py``: Celery's view of each task and group."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.dml import Insert
+
+from pikku_celery.schema import celery_groups as groups
+from pikku_celery.schema import celery_results as results
+
+__all__ = [
+    "READY_STATES",
+    "delete_group",
+    "delete_result",
+    "expire_groups",
+    "expire_results",
+    "get_group",
+    "get_result",
+    "get_results",
+    "save_group",
+    "write_result",
+]
+
+P = sa.bindparam
+
+#: Celery's ready states: once an attempt is in one, nothing of that attempt changes it.
+READY_STATES: Final = ("SUCCESS", "FAILURE", "REVOKED")
+
+
+def _insert(dialect: str) -> Any:
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+
+
+@cache
+def write_result(dialect: str) -> Insert:
+    """Forward only: a later attempt replaces an earlier one's state; within an attempt a
+    ready state is final. A write that names no attempt (``attempt`` NULL: a revoke sent
+    from outside the task) is one more write of the row's own attempt."""
+    insert = _insert(dialect)(results).values(
+        task_id=P("task_id"),
+        status=P("status"),
+        attempt=sa.func.coalesce(P("attempt", type_=sa.Integer), 0),
+        meta=P("meta", type_=sa.LargeBinary),
+        date_done=P("date_done", type_=results.c.date_done.type),
+        updated_at=P("now", type_=results.c.updated_at.type),
+    )
+    excluded = insert.excluded
+    not_ready = sa.and_(*(results.c.status != state for state in READY_STATES))
+    named = P("attempt", type_=sa.Integer)
+    statement: Insert = insert.on_conflict_do_update(
+        index_elements=["task_id"],
+        set_={
+            "status": excluded.status,
+            "attempt": sa.func.coalesce(named, results.c.attempt),
+            "meta": excluded.meta,
+            "date_done": excluded.date_done,
+            "updated_at": excluded.updated_at,
+        },
+        where=sa.or_(
+            sa.and_(named.is_not(None), excluded.attempt > results.c.attempt),
+            sa.and_(
+                sa.or_(named.is_(None), excluded.attempt == results.c.attempt),
+                not_ready,
+            ),
+        ),
+    )
+    return statement
+
+
+get_result: Final = sa.select(results.c.status, results.c.meta).where(
+    results.c.task_id == P("task_id")
+)
+
+get_results: Final = sa.select(results.c.task_id, results.c.status, results.c.meta).where(
+    results.c.task_id.in_(P("task_ids", expanding=True))
+)
+
+delete_result: Final = sa.delete(results).where(results.c.task_id == P("task_id"))
+
+
+@cache
+def save_group(dialect: str) -> Insert:
+    insert = _insert(dialect)(groups).values(
+        group_id=P("group_id"), meta=P("meta", type_=sa.LargeBinary), updated_at=P("now")
+    )
+    statement: Insert = insert.on_conflict_do_update(
+        index_elements=["group_id"],
+        set_={"meta": insert.excluded.meta, "updated_at": insert.excluded.updated_at},
+    )
+    return statement
+
+
+get_group: Final = sa.select(groups.c.meta).where(groups.c.group_id == P("group_id"))
+
+delete_group: Final = sa.delete(groups).where(groups.c.group_id == P("group_id"))
+
+# Expiry in batches through the ``updated_at`` index: each statement deletes at most
+# ``limit`` rows, so none holds locks for long however large the backlog.
+expire_results: Final = sa.delete(results).where(
+    results.c.task_id.in_(
+        sa.select(results.c.task_id)
+        .where(results.c.updated_at < P("before"))
+        .order_by(results.c.updated_at)
+        .limit(P("limit"))
+        .scalar_subquery()
+    )
+)
+
+expire_groups: Final = sa.delete(groups).where(
+    groups.c.group_id.in_(
+        sa.select(groups.c.group_id)
+        .where(groups.c.updated_at < P("before"))
+        .order_by(groups.c.updated_at)
+        .limit(P("limit"))
+        .scalar_subquery()
+    )
+)

@@ -1,0 +1,77 @@
+"""An app whose result backend is the pikku-celery store: ``backend="pikku://"``.
+
+Configured from the environment: ``RESULTS_BROKER_URL``, ``RESULTS_DATABASE_URL``,
+``RESULTS_QUEUE``. Its tasks cover what ``AsyncResult`` reads: a value, an exception,
+retries, a started task, a custom state, an ignored result.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Celery
+
+from pikku_celery import PikkuCelery
+
+app = Celery(
+    "results",
+    broker=os.environ.get("RESULTS_BROKER_URL", "redis://127.0.0.1:6379/12"),
+    backend="pikku://",
+)
+app.conf.update(
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    worker_prefetch_multiplier=1,
+    task_default_queue=os.environ.get("RESULTS_QUEUE", "celery"),
+    task_track_started=True,
+    result_extended=True,
+    pikku_flush_interval=0.02,
+)
+
+pikku = PikkuCelery(app, database_url=os.environ.get("RESULTS_DATABASE_URL"))
+
+
+@pikku.step(name="results.add", shared=False)
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+@app.task(name="results.plain_add", shared=False)
+def plain_add(x: int, y: int) -> int:
+    return x + y
+
+
+class OutOfStock(Exception):
+    pass
+
+
+@pikku.step(name="results.refuse", shared=False)
+def refuse(item: str) -> None:
+    raise KeyError(f"no {item}")
+
+
+@app.task(bind=True, name="results.flaky", shared=False, max_retries=3)
+def flaky(self: Any, fails: int) -> str:
+    if self.request.retries < fails:
+        raise self.retry(exc=ConnectionError("busy"), countdown=0)
+    return f"done after {self.request.retries}"
+
+
+@app.task(bind=True, name="results.progress", shared=False)
+def progress(self: Any, seconds: float) -> str:
+    self.update_state(state="PROGRESS", meta={"done": 1, "of": 2})
+    time.sleep(seconds)
+    return "finished"
+
+
+@app.task(name="results.nap", shared=False)
+def nap(seconds: float) -> str:
+    time.sleep(seconds)
+    return "rested"
+
+
+@app.task(name="results.quiet", shared=False, ignore_result=True)
+def quiet() -> str:
+    return "nobody asked"

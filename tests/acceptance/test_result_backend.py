@@ -1,0 +1,209 @@
+"""``backend="pikku://"``: Celery's own result API answered from the store, with real workers.
+
+One prefork worker per store (PostgreSQL and SQLite), on Redis; the tasks are in
+``results_app``. Every result is read back through ``AsyncResult`` as a user would,
+and checked against the attempt rows the mirror wrote in the same transactions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from celery import Celery, group
+from celery.result import AsyncResult, GroupResult
+
+from pikku_celery import PikkuCelery, WorkflowStore
+from pikku_celery.errors import ConfigurationError
+from tests.acceptance.conftest import BROKERS, ROOT, Worker, worker_running
+
+QUEUE = f"results-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module", params=["postgresql", "sqlite"])
+def results(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ModuleType, Worker]]:
+    tmp = tmp_path_factory.mktemp(f"results-{request.param}")
+    if request.param == "postgresql":
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = f"sqlite:///{tmp / 'results.db'}"
+        WorkflowStore(url).init()
+    os.environ.update(
+        RESULTS_DATABASE_URL=url, RESULTS_QUEUE=QUEUE, RESULTS_BROKER_URL=BROKERS["redis"][0]
+    )
+    # This store's app: the module reads its URL when it is imported, once per store.
+    sys.modules.pop("tests.acceptance.results_app", None)
+    module = importlib.import_module("tests.acceptance.results_app")
+    try:
+        with worker_running(module, "redis", tmp, concurrency=1, queues=QUEUE) as worker:
+            yield module, worker
+    finally:
+        module.pikku.uninstall()
+        module.pikku.mirror.close()
+        module.pikku.store.close()
+        module.app.close()
+
+
+def test_get_returns_the_value_once_sql_shows_the_attempt_succeeded(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, worker = results
+    sent = app.add.delay(2, 3)
+    assert sent.get(timeout=20) == 5
+    # Never before its attempt: the result is written after the attempt's end.
+    [attempt] = worker.store.get_run_history(sent.id)
+    assert (attempt.status, attempt.attempt) == ("succeeded", 1)
+    fresh: Any = AsyncResult(sent.id, app=app.app)
+    assert (fresh.state, fresh.successful(), fresh.ready()) == ("SUCCESS", True, True)
+    assert fresh.date_done is not None
+    # result_extended: what the request was, as Celery's own backends give it.
+    assert (fresh.name, fresh.args, fresh.kwargs) == ("results.add", [2, 3], {})
+    assert fresh.worker is not None and fresh.worker.startswith("shop-redis")
+    assert fresh.retries == 0 and fresh.queue == QUEUE
+
+
+def test_a_task_that_is_not_a_step_has_its_result_too(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, _ = results
+    assert app.plain_add.delay(40, 2).get(timeout=20) == 42
+
+
+def test_a_failure_comes_back_as_the_exception_it_was(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, worker = results
+    sent = app.refuse.delay("socks")
+    with pytest.raises(KeyError, match="no socks"):
+        sent.get(timeout=20)
+    assert sent.failed() and sent.state == "FAILURE"
+    assert sent.traceback is not None and "no socks" in sent.traceback
+    returned: Any = AsyncResult(sent.id, app=app.app).get(propagate=False)
+    assert isinstance(returned, KeyError)
+    [step] = worker.store.list_step_states(sent.id)
+    assert step.status == "failed"
+
+
+def test_retries_end_in_the_last_attempts_result(results: tuple[ModuleType, Worker]) -> None:
+    app, _ = results
+    sent = app.flaky.delay(2)
+    assert sent.get(timeout=30) == "done after 2"
+    assert sent.retries == 2
+
+
+def test_a_custom_state_is_seen_while_the_task_runs_then_its_result(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, _ = results
+    sent = app.progress.delay(2.0)
+    deadline = time.monotonic() + 20
+    while sent.state != "PROGRESS":
+        assert time.monotonic() < deadline, sent.state
+        time.sleep(0.02)
+    assert sent.info == {"done": 1, "of": 2}
+    assert sent.get(timeout=20) == "finished"
+    assert sent.state == "SUCCESS"  # a late STARTED or PROGRESS never rewinds it
+
+
+def test_unknown_ids_are_pending_and_forget_removes_a_result(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, _ = results
+    unknown: Any = AsyncResult(str(uuid.uuid4()), app=app.app)
+    assert unknown.state == "PENDING" and not unknown.exists()
+    sent: Any = app.add.delay(1, 1)
+    assert sent.get(timeout=20) == 2
+    assert sent.exists()
+    sent.forget()
+    assert AsyncResult(sent.id, app=app.app).state == "PENDING"
+
+
+def test_an_ignored_result_is_not_stored(results: tuple[ModuleType, Worker]) -> None:
+    app, _ = results
+    quiet = app.quiet.delay()
+    # One worker process, one message at a time: once the next task is done, quiet ran.
+    assert app.plain_add.delay(1, 2).get(timeout=20) == 3
+    time.sleep(0.2)  # two flush intervals: a stored result would be in SQL by now
+    assert AsyncResult(quiet.id, app=app.app).state == "PENDING"
+
+
+def test_a_group_result_is_saved_restored_and_deleted(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, _ = results
+    sent: Any = group(app.plain_add.s(n, n) for n in range(3)).apply_async()
+    sent.save()
+    restored: Any = GroupResult.restore(sent.id, app=app.app)
+    assert restored is not None
+    assert [r.id for r in restored.results] == [r.id for r in sent.results]
+    assert restored.get(timeout=20) == [0, 2, 4]
+    restored.delete()
+    assert GroupResult.restore(sent.id, app=app.app) is None
+
+
+def test_a_revoked_task_is_revoked(results: tuple[ModuleType, Worker]) -> None:
+    app, _ = results
+    sent = app.nap.delay(30)
+    deadline = time.monotonic() + 20
+    while sent.state != "STARTED":
+        assert time.monotonic() < deadline, sent.state
+        time.sleep(0.02)
+    sent.revoke(terminate=True, signal="SIGKILL")
+    deadline = time.monotonic() + 20
+    while sent.state != "REVOKED":
+        assert time.monotonic() < deadline, sent.state
+        time.sleep(0.05)
+
+
+def test_a_web_app_without_pikku_celery_reads_results(
+    results: tuple[ModuleType, Worker], tmp_path: Path
+) -> None:
+    app, _ = results
+    sent = app.add.delay(20, 22)
+    assert sent.get(timeout=20) == 42
+    url = app.pikku.store.engine.url.render_as_string(hide_password=False)
+    reader = textwrap.dedent(
+        f"""
+        from celery import Celery
+        app = Celery("web", backend={"pikku+" + url!r})
+        print(app.AsyncResult({sent.id!r}).get(timeout=10))
+        from pikku_celery.integration.installed import registry
+        print(len(registry))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", reader],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.split() == ["42", "0"]  # no PikkuCelery in the reading process
+
+
+def test_a_backend_url_of_another_database_than_the_mirror_is_refused(tmp_path: Path) -> None:
+    mirrored = f"sqlite:///{tmp_path / 'mirror.db'}"
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    app = Celery("mismatch", broker="memory://", backend=f"pikku+{other}", set_as_current=False)
+    pikku = PikkuCelery(app, database_url=mirrored)
+    try:
+        with pytest.raises(ConfigurationError) as caught:
+            app.backend.get_task_meta(str(uuid.uuid4()))
+        message = str(caught.value)
+        assert "other.db" in message and "mirror.db" in message and "pikku://" in message
+    finally:
+        pikku.uninstall()
