@@ -17,7 +17,7 @@ from celery.canvas import Signature
 from pikku_celery.durations import format_duration, parse_duration
 from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration import signals
-from pikku_celery.integration.backend import SCHEME
+from pikku_celery.integration.backend import SCHEME, expire_results
 from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
@@ -100,6 +100,13 @@ class PikkuCelery:
             # Celery's own URL parsing finds the backend by its entry point: the same as
             # the user writing backend="pikku://".
             app.conf.update(result_backend=f"{SCHEME}://")
+
+    def _results_here(self) -> bool:
+        """The app's result backend is this store (``pikku://``): its results expire here."""
+        return str(self.app.conf.result_backend or "").startswith(SCHEME)
+
+    def _expire_results(self) -> int:
+        return expire_results(self.app, self.store)
 
     def uninstall(self) -> None:
         """Stop mirroring this app's tasks in this process (``PikkuCelery(app)`` installed it).
@@ -318,6 +325,7 @@ class PikkuCelery:
                 interval=self.reaper_interval,
                 recover=self.workflows.recover if self.workflows.workflows else None,
                 recovery_lease=self.workflows.recovery_lease,
+                expire=self._expire_results if self._results_here() else None,
             )
             self._upkeep.note_start()
         return self._upkeep

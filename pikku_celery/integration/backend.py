@@ -42,9 +42,11 @@ from pikku_celery.store import (
     same_database,
 )
 
-__all__ = ["SCHEME", "PikkuBackend", "take_stashed"]
+__all__ = ["EXPIRE_BATCH", "SCHEME", "PikkuBackend", "expire_results", "take_stashed"]
 
 SCHEME: Final = "pikku"
+#: Results (and groups) deleted per statement when they expire: short transactions.
+EXPIRE_BATCH: Final = 1000
 # Written by the task's end, which the worker's signal handlers journal after the
 # attempt's own end: a reader never sees SUCCESS before SQL shows the attempt succeeded.
 _AFTER_THE_ATTEMPT: Final = frozenset({states.SUCCESS, states.FAILURE, states.RETRY})
@@ -158,6 +160,13 @@ class PikkuBackend(BaseBackend):
             )
         return result
 
+    def cleanup(self) -> None:
+        """What Celery's ``celery.backend_cleanup`` (beat) calls: every expired result goes.
+
+        The workers' own upkeep does the same in small steps without beat."""
+        while expire_results(self.app, self.store) >= EXPIRE_BATCH:
+            pass
+
     def _forget(self, task_id: str) -> None:
         self.store.results.forget(str(task_id))
 
@@ -221,6 +230,16 @@ class PikkuBackend(BaseBackend):
             cap = _BRISK_CAP if waited < _BRISK_FOR else interval
             nap = min(nap * 2, cap, interval)
             time.sleep(nap if timeout is None else max(0.0, min(nap, timeout - waited)))
+
+
+def expire_results(app: Any, store: WorkflowStore, limit: int = EXPIRE_BATCH) -> int:
+    """Delete up to ``limit`` results older than ``result_expires`` (Celery's setting; None
+    keeps them for ever); returns how many went."""
+    expires = app.conf.result_expires
+    if expires is None:
+        return 0
+    keep = expires if isinstance(expires, dt.timedelta) else dt.timedelta(seconds=expires)
+    return store.results.expire(now() - keep, limit=limit)
 
 
 def take_stashed(request: Any) -> ResultWrite | None:

@@ -57,8 +57,10 @@ class Upkeep:
         interval: float = REAPER_INTERVAL,
         recover: Recover | None = None,
         recovery_lease: str = "recovery",
+        expire: Callable[[], object] | None = None,
     ) -> None:
         self.mirror = mirror
+        self._expire = expire
         self._reaper = reaper
         self.holder = f"{holder}:{os.getpid()}"
         self.interval = interval
@@ -161,7 +163,11 @@ class Upkeep:
             return None
         begun = time.monotonic()
         try:
-            return reaper.reap()
+            report = reaper.reap()
+            if self._expire is not None:
+                # One small step per pass (a cluster's worth, under the same lease).
+                self._guarded("expire results", self._expire)
+            return report
         finally:
             # Rests for the rest of the interval: one pass per interval, cluster-wide.
             rest = max(0.0, self.interval * 0.9 - (time.monotonic() - begun))
