@@ -20,7 +20,7 @@ import datetime as dt
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from celery import states
@@ -78,11 +78,13 @@ class PikkuBackend(BaseBackend):
     # Results outlive the worker (``worker_deduplicate_successful_tasks`` needs that).
     persistent = True
     supports_autoexpire = False
-    supports_native_join = False
+    # ``GroupResult.get()`` waits on every child in one query a look (``get_many``).
+    supports_native_join = True
     # Set by Celery's Backend; named for the type checker, which has no stub of them.
     app: Any
     _ensure_not_eager: Callable[[], None]
     _get_result_meta: Callable[..., dict[str, Any]]
+    _cache: Any
 
     def __init__(self, app: Any, url: str | None = None, **kwargs: Any) -> None:
         super().__init__(app, url=url, **kwargs)
@@ -204,6 +206,47 @@ class PikkuBackend(BaseBackend):
         except StepNotFound:
             return False
         return True
+
+    def get_many(
+        self,
+        task_ids: Iterable[str],
+        timeout: float | None = None,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        on_message: Callable[[dict[str, Any]], object] | None = None,
+        on_interval: Callable[[], object] | None = None,
+        max_iterations: int | None = None,
+        READY_STATES: frozenset[str] = states.READY_STATES,
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Each task's meta as soon as it is ready, in one query a look for all of them."""
+        waiting = {str(task_id) for task_id in task_ids}
+        for task_id in sorted(waiting):
+            cached = self._cache.get(task_id)
+            if cached is not None and cached["status"] in READY_STATES:
+                waiting.discard(task_id)
+                yield task_id, cached
+        started, looks, nap = time.monotonic(), 0, min(_FIRST_LOOK, interval)
+        while waiting:
+            for task_id, stored in sorted(self.store.results.get_many(waiting).items()):
+                if stored.status not in READY_STATES:
+                    continue
+                meta: dict[str, Any] = self.decode_result(stored.meta)
+                if meta["status"] == states.SUCCESS:
+                    self._cache[task_id] = meta
+                waiting.discard(task_id)
+                if on_message is not None:
+                    on_message(meta)
+                yield task_id, meta
+            looks += 1
+            if not waiting or (max_iterations and looks >= max_iterations):
+                return
+            waited = time.monotonic() - started
+            if timeout is not None and waited >= timeout:
+                raise CeleryTimeout(f"Operation timed out ({timeout})")
+            if on_interval:
+                on_interval()
+            nap = min(nap * 2, _BRISK_CAP if waited < _BRISK_FOR else interval, interval)
+            time.sleep(nap if timeout is None else max(0.0, min(nap, timeout - waited)))
 
     def wait_for(
         self,

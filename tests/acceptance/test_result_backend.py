@@ -207,3 +207,18 @@ def test_a_backend_url_of_another_database_than_the_mirror_is_refused(tmp_path: 
         assert "other.db" in message and "mirror.db" in message and "pikku://" in message
     finally:
         pikku.uninstall()
+
+
+def test_a_group_is_joined_natively_in_its_order_with_failures_in_place(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, _ = results
+    assert app.app.backend.supports_native_join
+    sent: Any = group(
+        app.plain_add.s(1, 1), app.refuse.s("hats"), app.plain_add.s(2, 2)
+    ).apply_async()
+    values = sent.join_native(timeout=20, propagate=False)
+    assert values[0] == 2 and values[2] == 4
+    assert isinstance(values[1], KeyError)
+    with pytest.raises(KeyError, match="no hats"):
+        sent.get(timeout=20)
