@@ -42,6 +42,7 @@ __all__ = [
     "schedule_step_pg",
     "settle_run",
     "step_moves",
+    "step_policy",
     "step_values",
     "still_going",
     "touch_run",
@@ -225,24 +226,42 @@ def _bound(name: str) -> Any:
 
 
 def step_values(status: str, v: Source = _bound) -> dict[str, Any]:
+    """The step row after the event: all of it when the event moves the step (see
+    :func:`step_moves`); only the retry policy when that alone applies (:func:`step_policy`)."""
+    moves = step_moves(status, v)
     moving_on = sa.func.coalesce(steps.c.current_attempt, 1) < v("attempt_no")
-    values: dict[str, Any] = {
-        "status": status,
-        "current_attempt": v("attempt_no"),
-        "updated_at": v("now"),
-        # What the step gets from now on, when the event says (a retry, a final failure).
-        "retries": sa.func.coalesce(v("retries"), steps.c.retries),
-        "retry_delay": sa.func.coalesce(v("retry_delay"), steps.c.retry_delay),
-    }
-    if status == "succeeded":
-        values.update(result=v("result"), error=None)
-    elif status in _TERMINAL:
-        values.update(result=None, error=v("error"))
-    else:  # a new attempt starts clean; the same attempt keeps what it has
-        values.update(
-            result=sa.case((moving_on, sa.null()), else_=steps.c.result),
-            error=sa.case((moving_on, sa.null()), else_=steps.c.error),
+
+    # Each value keeps its column's type inside CASE: a time is written in the stored
+    # format (SQLite), a parameter gets the column's cast (PostgreSQL).
+    def if_moves(value: Any, column: str) -> Any:
+        kind = steps.c[column].type
+        return sa.type_coerce(
+            sa.case((moves, sa.type_coerce(value, kind)), else_=steps.c[column]), kind
         )
+
+    def policy(name: str) -> Any:
+        kind = steps.c[name].type
+        carried = sa.func.coalesce(sa.type_coerce(v(name), kind), steps.c[name])
+        return sa.type_coerce(sa.case((step_policy(status, v), carried), else_=steps.c[name]), kind)
+
+    values: dict[str, Any] = {
+        "status": if_moves(sa.literal(status, sa.Text), "status"),
+        "current_attempt": if_moves(v("attempt_no"), "current_attempt"),
+        "updated_at": if_moves(v("now"), "updated_at"),
+        # What the step gets from now on, when the event says (a retry, a final failure).
+        "retries": policy("retries"),
+        "retry_delay": policy("retry_delay"),
+    }
+    result: Any
+    error: Any
+    if status == "succeeded":
+        result, error = v("result"), sa.null()
+    elif status in _TERMINAL:
+        result, error = sa.null(), v("error")
+    else:  # a new attempt starts clean; the same attempt keeps what it has
+        result = sa.case((moving_on, sa.null()), else_=steps.c.result)
+        error = sa.case((moving_on, sa.null()), else_=steps.c.error)
+    values.update(result=if_moves(result, "result"), error=if_moves(error, "error"))
     return values
 
 
@@ -255,12 +274,36 @@ def step_moves(status: str, v: Source = _bound) -> sa.ColumnElement[bool]:
     )
 
 
+def step_policy(status: str, v: Source = _bound) -> sa.ColumnElement[bool]:
+    """The retries and delay an event carries apply to the step from its attempt on, even
+    when the step has moved past the event's status: a retry's next attempt often starts
+    before the retry handler's event is written. Never to a step that failed for good at
+    that attempt, unless the event is that failure (a late retry must not revive it)."""
+    current = sa.func.coalesce(steps.c.current_attempt, 1)
+    # Typed: alone in IS NOT NULL, PostgreSQL could not tell a bound parameter's type.
+    carried = sa.or_(
+        sa.cast(v("retries"), sa.Integer).is_not(None),
+        sa.cast(v("retry_delay"), sa.Text).is_not(None),
+    )
+    if status == "failed":
+        reached = current <= v("attempt_no")
+    else:
+        reached = sa.or_(
+            current < v("attempt_no"),
+            sa.and_(current == v("attempt_no"), steps.c.status != "failed"),
+        )
+    return sa.and_(carried, reached)
+
+
 @cache
 def record_attempt_step(status: str) -> Update:
     """The step row's half of a transition (see ``_step_moves``)."""
     return (
         sa.update(steps)
-        .where(steps.c.workflow_step_id == P("step_id"), step_moves(status))
+        .where(
+            steps.c.workflow_step_id == P("step_id"),
+            sa.or_(step_moves(status), step_policy(status)),
+        )
         .values(**step_values(status))
     )
 

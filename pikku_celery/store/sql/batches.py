@@ -26,6 +26,7 @@ from pikku_celery.store.sql.attempts import (
     attempt_values,
     last_result,
     step_moves,
+    step_policy,
     step_values,
     still_going,
 )
@@ -177,7 +178,7 @@ def record_attempts_pg(status: str) -> Insert:
             # instead of scanning the table to join them with the set.
             steps.c.workflow_step_id == sa.any_(P("step_ids", type_=_TEXTS)),
             steps.c.workflow_step_id == newest.c.step_id,
-            step_moves(status, step_rows),
+            sa.or_(step_moves(status, step_rows), step_policy(status, step_rows)),
         )
         .values(**step_values(status, step_rows))
     )
