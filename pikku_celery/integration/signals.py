@@ -253,7 +253,10 @@ def _chord_body(body: Any) -> str | None:
     embeds the body's frozen signature, whatever finishes the chord later."""
     embed = body[2] if isinstance(body, list | tuple) and len(body) >= 3 else None
     chord = embed.get("chord") if isinstance(embed, dict) else None
-    options = chord.get("options") if isinstance(chord, dict) else None
+    if not isinstance(chord, dict) or chord.get("subtask_type") is not None:
+        # A group's or chain's frozen id is no step's: only a lone task's body is awaited.
+        return None
+    options = chord.get("options")
     task_id = options.get("task_id") if isinstance(options, dict) else None
     return str(task_id) if task_id else None
 
