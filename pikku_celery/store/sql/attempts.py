@@ -370,12 +370,13 @@ def attempt_upsert(insert: Any, status: str) -> Insert:
             if status != "succeeded"
             else sa.case((forward, sa.null()), else_=history.c.error)
         )
-    # A start older than the one the row holds is a delivery that ended long ago, written
-    # late (a killed pool child's journal, adopted after its redelivery was written).
+    # A start no later than the one the row holds is a delivery that ended long ago, written
+    # late (a killed pool child's journal, adopted after its redelivery was written), or the
+    # first start written again (a journal replayed): the row keeps where it ran last.
     late_start = sa.and_(
         excluded.running_at.is_not(None),
         history.c.running_at.is_not(None),
-        excluded.running_at < history.c.running_at,
+        excluded.running_at <= history.c.running_at,
     )
     for column in _EXECUTION_COLUMNS:
         # A later delivery runs somewhere else: the row says where it ran last.
