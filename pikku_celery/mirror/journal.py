@@ -28,7 +28,7 @@ import threading
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 from pikku_celery.store import database_key
 
@@ -120,17 +120,22 @@ def probe_folder(folder: Path) -> None:
 class Journal:
     """One journal file, locked for as long as it is open (``OSError`` if another holds it)."""
 
-    def __init__(self, path: Path, database: str | None = None) -> None:
+    def __init__(self, path: Path, database: str | None = None, *, existing: bool = False) -> None:
+        """``existing``: adopt the file only if it is there (an adopter must never make
+        again a journal its owner has just emptied and deleted)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._lock_file = open(
-            f"{path}.lock", "a+b"
-        )  # held open: the flock lives as long as it does
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        lock_path = Path(f"{path}.lock")
+        # An adopter makes a lock file only for a journal that is there (one left
+        # without its lock file still gets adopted).
+        self._lock_file = _take_lock(lock_path, create=not existing or path.exists())
+        if existing and not path.exists():
+            # Emptied and deleted by its owner: the lock held is the only file left,
+            # and it goes as an owner's does, before the flock is let go.
+            with contextlib.suppress(FileNotFoundError):
+                lock_path.unlink()
             self._lock_file.close()
-            raise
+            raise FileNotFoundError(path)
         self._mutex = threading.Lock()
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -250,13 +255,45 @@ class Journal:
             )
             self._db.close()
         if empty and delete_if_empty:
-            for leftover in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+            # Every file goes while the flock is still held, the lock file last: an
+            # adopter that opened the lock file before it went finds its path gone
+            # once it gets the flock (see _take_lock), and gives the journal up.
+            for leftover in (
+                self.path,
+                Path(f"{self.path}-wal"),
+                Path(f"{self.path}-shm"),
+                Path(f"{self.path}.lock"),
+            ):
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
         self._lock_file.close()  # releases the flock: the file is anybody's now
-        if empty and delete_if_empty:
-            with contextlib.suppress(FileNotFoundError):
-                Path(f"{self.path}.lock").unlink()
+
+
+def _take_lock(path: Path, *, create: bool) -> BinaryIO:
+    """The journal's lock file, held with an exclusive ``flock`` (``OSError``: taken).
+
+    A lock file is deleted by the owner of an emptied journal while it still holds
+    the flock. Whoever opened it before that and takes the flock after holds a lock
+    on a file no longer at the path, which a third could then make again and lock
+    too: two adopters of one journal, each deleting it under the other, corrupt it.
+    So the flock counts only while the path still names the file locked, and an
+    adopter (``create=False``) never makes a lock file again.
+    """
+    flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0)
+    # Held open: the flock lives as long as the file object does.
+    lock = os.fdopen(os.open(path, flags, 0o644), "a+b")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            same = os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise FileNotFoundError(path)
+    except OSError:
+        lock.close()
+        raise
+    return lock
 
 
 def orphaned_journals(folder: Path, database: str | None = None) -> Iterator[Journal]:
@@ -270,7 +307,7 @@ def orphaned_journals(folder: Path, database: str | None = None) -> Iterator[Jou
     wanted = database
     for path in sorted(folder.glob(f"*{SUFFIX}")):
         try:
-            journal = Journal(path)
+            journal = Journal(path, existing=True)
         except OSError:
             continue  # its process is alive, or another process adopted it first
         except sqlite3.Error:

@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 ADOPT_INTERVAL: Final = 2.0
 
+_LAST_LOOK: Final[dict[str, float]] = {}  # folder -> when a mirror of this process last looked
+
 
 class Orphans:
     """Adopts the journals left in this database's folder by processes that are gone.
@@ -46,9 +48,21 @@ class Orphans:
         self._last_adopt = 0.0
 
     def adopt_when_due(self) -> None:
-        if time.monotonic() - self._last_adopt >= self.adopt_interval:
-            self._last_adopt = time.monotonic()
-            self.adopt()
+        if time.monotonic() - self._last_adopt < self.adopt_interval:
+            return
+        self._last_adopt = time.monotonic()
+        # One look per folder and interval in a process, however many mirrors it
+        # holds: each look tries the lock of every journal in the folder, so a
+        # process with hundreds of mirrors on one database (an app made per test)
+        # would otherwise spend its time locking its own journals.
+        # (No lock: two threads that both look once in a while do no harm, and a lock
+        # held at a fork would stay held in the child for good.)
+        folder, now = str(self._folder()), time.monotonic()
+        last = _LAST_LOOK.get(folder)
+        if last is not None and now - last < self.adopt_interval:
+            return
+        _LAST_LOOK[folder] = now
+        self.adopt()
 
     def adopt(self, *, set_aside_too: bool = False) -> int:
         """Write the journals left by processes that are gone; returns how many events.
