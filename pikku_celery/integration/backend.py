@@ -80,6 +80,8 @@ class PikkuBackend(BaseBackend):
     supports_autoexpire = False
     # ``GroupResult.get()`` waits on every child in one query a look (``get_many``).
     supports_native_join = True
+    # The meta is kept as the bytes Celery encoded, never looked into: compressed is fine.
+    supports_result_compression = True
     # Set by Celery's Backend; named for the type checker, which has no stub of them.
     app: Any
     _ensure_not_eager: Callable[[], None]

@@ -1,8 +1,10 @@
 """An app whose result backend is the pikku-celery store: ``backend="pikku://"``.
 
 Configured from the environment: ``RESULTS_BROKER_URL``, ``RESULTS_DATABASE_URL``,
-``RESULTS_QUEUE``. Its tasks cover what ``AsyncResult`` reads: a value, an exception,
-retries, a started task, a custom state, an ignored result.
+``RESULTS_QUEUE``, and ``RESULTS_SERIALIZER`` / ``RESULTS_COMPRESSION`` (Celery's
+``result_serializer`` and ``result_compression``; json and none by default). Its tasks
+cover what ``AsyncResult`` reads: a value, an exception, retries, a started task, a
+custom state, an ignored result, a value only pickle carries.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ app.conf.update(
     task_track_started=True,
     result_extended=True,
     pikku_flush_interval=0.02,
+)
+SERIALIZER = os.environ.get("RESULTS_SERIALIZER", "json")
+app.conf.update(
+    result_serializer=SERIALIZER,
+    # Messages stay json (a worker accepting pickled messages refuses to run as root);
+    # only results are read in the serializer under test.
+    result_accept_content=sorted({"json", SERIALIZER}),
+    result_compression=os.environ.get("RESULTS_COMPRESSION") or None,
 )
 
 pikku = PikkuCelery(app, database_url=os.environ.get("RESULTS_DATABASE_URL"))
@@ -75,3 +85,9 @@ def nap(seconds: float) -> str:
 @app.task(name="results.quiet", shared=False, ignore_result=True)
 def quiet() -> str:
     return "nobody asked"
+
+
+@app.task(name="results.unusual", shared=False)
+def unusual() -> object:
+    """A value only pickle carries (a frozenset of tuples), and bytes only some do."""
+    return frozenset({(1, "one"), (2, "two")})
