@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from celery import group
-from celery.backends.base import COMPRESSED_PAYLOAD_MAGIC
+from celery.backends import base
 
 from tests.acceptance.conftest import BROKERS, Worker, worker_running
 from tests.acceptance.test_result_backend import QUEUE
+
+# What Celery puts before a compressed payload (no stub names it).
+COMPRESSED_PAYLOAD_MAGIC: bytes = getattr(base, "COMPRESSED_PAYLOAD_MAGIC")  # noqa: B009
 
 # (serializer, compression, broker): each serializer once, each compression Celery
 # ships without extra packages once, RabbitMQ beside Redis.
