@@ -59,12 +59,13 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         steps = store.list_step_states(args.run_id)
         history = store.get_run_history(args.run_id)
         events = store.list_events(args.run_id)
+        states = store.result_states(s.step_id for s in steps)
     finally:
         store.close()
     if args.json:
-        print_json(run_document(run, steps, history, events=events))
+        print_json(run_document(run, steps, history, events=events, celery_states=states))
     else:
-        print(format_run(run, steps, history, events))
+        print(format_run(run, steps, history, events, states))
     return EXIT_OK
 
 

@@ -160,6 +160,7 @@ class Views:
         steps = store.list_step_states(run_id)
         history = store.get_run_history(run_id)
         events = store.list_events(run_id)
+        states = store.result_states(step.step_id for step in steps)
         by_step = attempts_by_step(history)
         after = steps_after(run, steps, history)
         done = request.query_params.get("done")
@@ -176,6 +177,7 @@ class Views:
                     after[step.step_id],
                     # A sleep, a wait or a child workflow has no task Flower would know.
                     is_celery_task(step),
+                    states.get(step.step_id),
                 )
                 for step in steps
             ],
@@ -234,12 +236,14 @@ class Views:
         run_id = request.path_params["run_id"]
         store = self.d.store
         run = store.get_run(run_id)
+        steps = store.list_step_states(run_id)
         document = run_document(
             run,
-            store.list_step_states(run_id),
+            steps,
             store.get_run_history(run_id),
             self.d.flower_url,
             events=store.list_events(run_id),
+            celery_states=store.result_states(step.step_id for step in steps),
         )
         return JSONResponse(document)
 

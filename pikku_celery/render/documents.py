@@ -279,15 +279,18 @@ def step_json(
     attempts: Iterable[StepAttempt],
     flower_url: str | None,
     after: Sequence[str] | None = None,
+    celery_state: str | None = None,
 ) -> dict[str, Any]:
     """A step with its attempts; ``after`` is what :func:`steps_after` says it follows
-    (default: what its row records), and only Celery tasks get Flower links."""
+    (default: what its row records), and only Celery tasks get Flower links.
+    ``celery_state``: its state in Celery's result backend when that is this store."""
     flower_url = flower_url if is_celery_task(step) else None
     return {
         "step_id": step.step_id,
         "step_name": step.step_name,
         "rpc_name": step.rpc_name,
         "status": step.status,
+        "celery_state": celery_state,
         "data": step.data,
         "result": step.result,
         "error": None if step.error is None else dict(step.error),
@@ -319,13 +322,16 @@ def run_document(
     history: Sequence[StepAttempt],
     flower_url: str | None = None,
     events: Sequence[RunEvent] = (),
+    celery_states: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The run with each of its steps and each step's attempts, as ``/api/runs/{id}`` gives it.
 
     ``parent`` names the run and step that started a child run (None for any
     other), and ``events`` lists the events sent to the run, oldest first. Each step's
-    ``after`` lists the steps it comes after (``from_step_name`` is its row's one).
+    ``after`` lists the steps it comes after (``from_step_name`` is its row's one), and its
+    ``celery_state`` is what ``AsyncResult.state`` says (null without a stored result).
     """
+    states = celery_states or {}
     by_step = attempts_by_step(history)
     step_names = {step.step_id: step.step_name for step in steps}
     after = steps_after(run, steps, history)
@@ -333,7 +339,13 @@ def run_document(
         "run": run_json(run),
         "parent": parent_json(run_parent(run)),
         "steps": [
-            step_json(step, by_step.get(step.step_id, []), flower_url, after[step.step_id])
+            step_json(
+                step,
+                by_step.get(step.step_id, []),
+                flower_url,
+                after[step.step_id],
+                states.get(step.step_id),
+            )
             for step in steps
         ],
         "events": [event_json(event, step_names) for event in events],

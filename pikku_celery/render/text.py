@@ -145,9 +145,11 @@ def format_run(
     steps: Sequence[StepState],
     attempts: Sequence[StepAttempt],
     events: Sequence[RunEvent] = (),
+    celery_states: Mapping[str, str] | None = None,
 ) -> str:
     """One run for ``pikku-celery runs show``: the run, its steps, every attempt, every error,
-    and the events sent to it."""
+    and the events sent to it. ``celery_states``: each step's state in Celery's result
+    backend, when it is this store (a column only then)."""
     day = run.created_at.date()
     parent = run_parent(run)
     header = table(
@@ -174,15 +176,20 @@ def format_run(
         details = [_step_detail(s) for s in steps]
         # Only durable workflows' steps have details; other runs' tables stay as they were.
         extra = ["detail"] if any(details) else []
+        states = celery_states or {}
+        # Celery's own word beside the history's, for an app whose result backend is
+        # this store: "scheduled" here is PENDING there, "lost" may be STARTED.
+        celery = ["celery"] if states else []
         parts.append(
             "steps\n"
             + table(
-                ["step", "task", "status", "attempts", "after", *extra],
+                ["step", "task", "status", *celery, "attempts", "after", *extra],
                 [
                     [
                         s.step_name,
                         s.rpc_name or "",
                         s.status,
+                        *([states.get(s.step_id, "")] if celery else []),
                         str(s.attempt_count),
                         ", ".join(after[s.step_id]),
                         *([detail] if extra else []),

@@ -57,7 +57,7 @@ class WorkflowStore:
     runs (``create_run``, ``get_run``, ``list_runs``, ``delete_run``,
     ``update_run_state``, ``get_run_state``); steps and attempts (``get_step``,
     ``get_step_state``, ``list_step_states``, ``get_run_history``, ``list_events``,
-    ``get_workflow_version``); counts (``run_counts``, ``attempt_counts``,
+    ``result_states``, ``get_workflow_version``); counts (``run_counts``, ``attempt_counts``,
     ``attempt_totals``, ``count_runs``, ``search_runs``, ``workflow_names``,
     ``count_open_steps``, ``lost_steps_by_run``, ``oldest_running_attempt_age``);
     pruning (``count_prunable``, ``count_prunable_runs``, ``prune_batch``, ``prune``).
@@ -207,6 +207,15 @@ class WorkflowStore:
         """Every event sent to the run, oldest first, taken or not."""
         return self.workflows.list_events(run_id, conn=conn)
 
+    def result_states(
+        self, task_ids: Iterable[str], *, conn: sa.Connection | None = None
+    ) -> dict[str, str]:
+        """Celery's state of each task that has a result (``backend="pikku://"``), by id."""
+        return {
+            task_id: stored.status
+            for task_id, stored in self.results.get_many(task_ids, conn=conn).items()
+        }
+
     # --- versions ---
     def get_workflow_version(
         self, workflow_name: str, graph_hash: str, *, conn: sa.Connection | None = None
@@ -342,6 +351,7 @@ PUBLIC_METHODS: tuple[str, ...] = (
     "get_run_history",
     "get_step",
     "list_events",
+    "result_states",
     "get_workflow_version",
     "run_counts",
     "attempt_counts",

@@ -92,6 +92,7 @@ def test_the_store_face_offers_what_users_read_and_nothing_the_mirror_writes() -
             "list_step_states",
             "get_run_history",
             "list_events",
+            "result_states",
             "get_workflow_version",
             "run_counts",
             "attempt_counts",
