@@ -93,6 +93,7 @@ class PikkuBackend(BaseBackend):
         self._named = _url_of(url)
         self._own: WorkflowStore | None = None
         self._own_pid = 0
+        self._checked: WorkflowStore | None = None
         self._lock = threading.Lock()
         pikku = installed_on(app)
         if pikku is not None:
@@ -115,8 +116,12 @@ class PikkuBackend(BaseBackend):
         reads results: a web app calling ``AsyncResult.get()``)."""
         pikku = installed_on(self.app)
         if pikku is not None:
-            self._check_same(pikku.mirror.store)
-            return pikku.mirror.store
+            mirrored = pikku.mirror.store
+            # Once per store, not per result: the check renders URLs.
+            if mirrored is not self._checked:
+                self._check_same(mirrored)
+                self._checked = mirrored
+            return mirrored
         with self._lock:
             if self._own is None or self._own_pid != os.getpid():
                 url = (
@@ -227,7 +232,7 @@ class PikkuBackend(BaseBackend):
             if cached is not None and cached["status"] in READY_STATES:
                 waiting.discard(task_id)
                 yield task_id, cached
-        started, looks, nap = time.monotonic(), 0, min(_FIRST_LOOK, interval)
+        looks, naps = 0, _naps(timeout, interval)
         while waiting:
             for task_id, stored in sorted(self.store.results.get_many(waiting).items()):
                 if stored.status not in READY_STATES:
@@ -242,13 +247,12 @@ class PikkuBackend(BaseBackend):
             looks += 1
             if not waiting or (max_iterations and looks >= max_iterations):
                 return
-            waited = time.monotonic() - started
-            if timeout is not None and waited >= timeout:
+            nap = next(naps)
+            if nap is None:
                 raise CeleryTimeout(f"Operation timed out ({timeout})")
             if on_interval:
                 on_interval()
-            nap = min(nap * 2, _BRISK_CAP if waited < _BRISK_FOR else interval, interval)
-            time.sleep(nap if timeout is None else max(0.0, min(nap, timeout - waited)))
+            time.sleep(nap)
 
     def wait_for(
         self,
@@ -261,20 +265,33 @@ class PikkuBackend(BaseBackend):
         """Celery's wait, looking often while a result is likely soon: a task's end is in
         SQL a flush interval after it happened, not half a second."""
         self._ensure_not_eager()
-        started = time.monotonic()
-        nap = min(_FIRST_LOOK, interval)
+        naps = _naps(timeout, interval)
         while True:
             meta = self.get_task_meta(task_id)
             if meta["status"] in states.READY_STATES:
                 return meta
             if on_interval:
                 on_interval()
-            waited = time.monotonic() - started
-            if timeout is not None and waited >= timeout:
+            nap = next(naps)
+            if nap is None:
                 raise CeleryTimeout("The operation timed out.")
-            cap = _BRISK_CAP if waited < _BRISK_FOR else interval
-            nap = min(nap * 2, cap, interval)
-            time.sleep(nap if timeout is None else max(0.0, min(nap, timeout - waited)))
+            time.sleep(nap)
+
+
+def _naps(timeout: float | None, interval: float) -> Iterator[float | None]:
+    """How long to sleep before each next look; None once ``timeout`` has passed.
+
+    Often at first, doubling from a few milliseconds (a result is in SQL a flush
+    interval after its task ended), at most every ``interval`` after a while."""
+    started = time.monotonic()
+    nap = min(_FIRST_LOOK, interval)
+    while True:
+        waited = time.monotonic() - started
+        if timeout is not None and waited >= timeout:
+            yield None
+            return
+        nap = min(nap * 2, _BRISK_CAP if waited < _BRISK_FOR else interval, interval)
+        yield nap if timeout is None else max(0.0, min(nap, timeout - waited))
 
 
 def expire_results(app: Any, store: WorkflowStore, limit: int = EXPIRE_BATCH) -> int:

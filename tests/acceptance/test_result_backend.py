@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, group
+from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult, GroupResult
 
 from pikku_celery import PikkuCelery, WorkflowStore
@@ -222,3 +223,16 @@ def test_a_group_is_joined_natively_in_its_order_with_failures_in_place(
     assert isinstance(values[1], KeyError)
     with pytest.raises(KeyError, match="no hats"):
         sent.get(timeout=20)
+
+
+def test_waiting_for_a_result_that_does_not_come_times_out_as_celery_says(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, _ = results
+    never: Any = AsyncResult(str(uuid.uuid4()), app=app.app)
+    started = time.monotonic()
+    with pytest.raises(CeleryTimeoutError):
+        never.get(timeout=0.3)
+    with pytest.raises(CeleryTimeoutError):
+        GroupResult(str(uuid.uuid4()), [never], app=app.app).join_native(timeout=0.3)
+    assert time.monotonic() - started < 5  # each wait ends at its timeout, not an interval later
