@@ -35,6 +35,7 @@ from pikku_celery.integration.installed import installed_on
 from pikku_celery.store import (
     DEFAULT_DATABASE_URL,
     ENV_DATABASE_URL,
+    ResultWatch,
     ResultWrite,
     WorkflowStore,
     now,
@@ -56,6 +57,10 @@ _STASH: Final = "pikku_result"
 _FIRST_LOOK: Final = 0.005
 _BRISK_FOR: Final = 10.0
 _BRISK_CAP: Final = 0.05
+# A reader that is told of results still looks this often (a lost notification).
+_TOLD_AT_LEAST: Final = 1.0
+#: The app setting that turns the pushed wait off (``pikku_result_notify = False``).
+NOTIFY_SETTING: Final = "pikku_result_notify"
 
 
 def _url_of(url: str | None) -> str | None:
@@ -90,6 +95,9 @@ class PikkuBackend(BaseBackend):
 
     def __init__(self, app: Any, url: str | None = None, **kwargs: Any) -> None:
         super().__init__(app, url=url, **kwargs)
+        # One backend per process, not per thread: the store's pool and the result
+        # listener serve every thread (a web app's), so Celery may share it.
+        self.thread_safe = True
         self._named = _url_of(url)
         self._own: WorkflowStore | None = None
         self._own_pid = 0
@@ -232,7 +240,24 @@ class PikkuBackend(BaseBackend):
             if cached is not None and cached["status"] in READY_STATES:
                 waiting.discard(task_id)
                 yield task_id, cached
-        looks, naps = 0, _naps(timeout, interval)
+        clock = _Clock(timeout, interval)
+        with self._watch(waiting) as watch:
+            yield from self._join(
+                waiting, watch, clock, on_message, on_interval, max_iterations, READY_STATES
+            )
+
+    def _join(
+        self,
+        waiting: set[str],
+        watch: ResultWatch,
+        clock: _Clock,
+        on_message: Callable[[dict[str, Any]], object] | None,
+        on_interval: Callable[[], object] | None,
+        max_iterations: int | None,
+        READY_STATES: frozenset[str],
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """What ``get_many`` yields once the cached results are out."""
+        looks = 0
         while waiting:
             for task_id, stored in sorted(self.store.results.get_many(waiting).items()):
                 if stored.status not in READY_STATES:
@@ -247,12 +272,12 @@ class PikkuBackend(BaseBackend):
             looks += 1
             if not waiting or (max_iterations and looks >= max_iterations):
                 return
-            nap = next(naps)
+            nap = clock.nap(watch.pushes)
             if nap is None:
-                raise CeleryTimeout(f"Operation timed out ({timeout})")
+                raise CeleryTimeout(f"Operation timed out ({clock.timeout})")
             if on_interval:
                 on_interval()
-            time.sleep(nap)
+            watch.wait(nap)
 
     def wait_for(
         self,
@@ -265,33 +290,50 @@ class PikkuBackend(BaseBackend):
         """Celery's wait, looking often while a result is likely soon: a task's end is in
         SQL a flush interval after it happened, not half a second."""
         self._ensure_not_eager()
-        naps = _naps(timeout, interval)
-        while True:
-            meta = self.get_task_meta(task_id)
-            if meta["status"] in states.READY_STATES:
-                return meta
-            if on_interval:
-                on_interval()
-            nap = next(naps)
-            if nap is None:
-                raise CeleryTimeout("The operation timed out.")
-            time.sleep(nap)
+        clock = _Clock(timeout, interval)
+        with self._watch([task_id]) as watch:
+            while True:
+                meta = self.get_task_meta(task_id)
+                if meta["status"] in states.READY_STATES:
+                    return meta
+                if on_interval:
+                    on_interval()
+                nap = clock.nap(watch.pushes)
+                if nap is None:
+                    raise CeleryTimeout("The operation timed out.")
+                watch.wait(nap)
+
+    def _watch(self, task_ids: Iterable[str]) -> ResultWatch:
+        """Told when a result comes (``pikku_result_notify``, on by default), else a poll."""
+        if not self.app.conf.get(NOTIFY_SETTING, True):
+            return ResultWatch()
+        return self.store.results.watch(task_ids)
 
 
-def _naps(timeout: float | None, interval: float) -> Iterator[float | None]:
-    """How long to sleep before each next look; None once ``timeout`` has passed.
+class _Clock:
+    """How long a reader waits before its next look; None once ``timeout`` has passed.
 
-    Often at first, doubling from a few milliseconds (a result is in SQL a flush
-    interval after its task ended), at most every ``interval`` after a while."""
-    started = time.monotonic()
-    nap = min(_FIRST_LOOK, interval)
-    while True:
-        waited = time.monotonic() - started
-        if timeout is not None and waited >= timeout:
-            yield None
-            return
-        nap = min(nap * 2, _BRISK_CAP if waited < _BRISK_FOR else interval, interval)
-        yield nap if timeout is None else max(0.0, min(nap, timeout - waited))
+    Told of results (``pushed``), it looks again when told, and at least every
+    second. Polling, it looks often at first, doubling from a few milliseconds (a
+    result is in SQL a flush interval after its task ended), at most every
+    ``interval`` after a while."""
+
+    def __init__(self, timeout: float | None, interval: float) -> None:
+        self.timeout = timeout
+        self._interval = interval
+        self._started = time.monotonic()
+        self._nap = min(_FIRST_LOOK, interval)
+
+    def nap(self, pushed: bool) -> float | None:
+        waited = time.monotonic() - self._started
+        if self.timeout is not None and waited >= self.timeout:
+            return None
+        if pushed:
+            nap = _TOLD_AT_LEAST
+        else:
+            cap = _BRISK_CAP if waited < _BRISK_FOR else self._interval
+            nap = self._nap = min(self._nap * 2, cap, self._interval)
+        return nap if self.timeout is None else max(0.0, min(nap, self.timeout - waited))
 
 
 def expire_results(app: Any, store: WorkflowStore, limit: int = EXPIRE_BATCH) -> int:

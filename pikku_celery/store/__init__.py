@@ -45,6 +45,7 @@ from pikku_celery.store.models import (
     run_kind,
 )
 from pikku_celery.store.prune import DEFAULT_PRUNE_STATUSES, PruneCount
+from pikku_celery.store.result_watch import ResultWatch
 from pikku_celery.store.results import StoredResult
 from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts
 from pikku_celery.store.workflow_store import PUBLIC_METHODS, UNSET, WorkflowStore
@@ -74,6 +75,7 @@ __all__ = [
     "OpenAttempt",
     "OpenStepCounts",
     "PruneCount",
+    "ResultWatch",
     "ResultWrite",
     "RunEvent",
     "RunOutcome",

@@ -18,6 +18,7 @@ from pikku_celery.store import sql
 from pikku_celery.store.common import now
 from pikku_celery.store.connector import Connector
 from pikku_celery.store.mirror_batch import ResultWrite
+from pikku_celery.store.result_watch import CHANNEL, ResultWatch, notify_payload, watch_results
 
 __all__ = ["Results", "StoredResult"]
 
@@ -53,8 +54,18 @@ class Results:
             }
             for r in rows
         ]
+        ready = [r.task_id for r in rows if r.status in sql.results.READY_STATES]
         with self._db.write(conn) as c:
             c.execute(self._write, params)
+            if ready and self._db.dialect == "postgresql":
+                # Delivered at COMMIT, to the readers waiting for these ids (result_watch).
+                c.execute(
+                    sql.results.notify, {"channel": CHANNEL, "payload": notify_payload(ready)}
+                )
+
+    def watch(self, task_ids: Iterable[str]) -> ResultWatch:
+        """What a reader waits on between two reads of ``task_ids``' results."""
+        return watch_results(self._db.engine, task_ids)
 
     def get(self, task_id: str, *, conn: sa.Connection | None = None) -> StoredResult | None:
         with self._db.read(conn) as c:

@@ -21,6 +21,7 @@ __all__ = [
     "get_group",
     "get_result",
     "get_results",
+    "notify",
     "save_group",
     "write_result",
 ]
@@ -119,3 +120,6 @@ expire_groups: Final = sa.delete(groups).where(
         .scalar_subquery()
     )
 )
+
+#: PostgreSQL only: readers LISTENing on the channel are told at COMMIT.
+notify: Final = sa.select(sa.func.pg_notify(P("channel"), P("payload")))

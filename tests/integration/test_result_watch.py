@@ -1,0 +1,148 @@
+"""A reader waiting in ``AsyncResult.get()`` is told when its result is committed (LISTEN
+on PostgreSQL, ``PRAGMA data_version`` on SQLite) instead of reading SQL every few
+milliseconds; when the LISTEN connection is cut, it still gets its result.
+
+The reader is a Celery app with ``backend="pikku+URL"`` and no worker; the result is
+written as the mirror writes it, in a batch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from celery import Celery
+
+from pikku_celery import WorkflowStore
+from pikku_celery.store import MirrorBatch, ResultWrite, now
+from pikku_celery.store.result_watch import PAYLOAD_LIMIT, notify_payload
+from tests.conftest import truncate
+
+
+@pytest.fixture
+def reader(store: WorkflowStore) -> Iterator[Celery]:
+    url = store.engine.url.render_as_string(hide_password=False)
+    app = Celery("reader", backend=f"pikku+{url}", set_as_current=False)
+    yield app
+    backend_store(app).close()
+    app.close()
+
+
+def backend_store(app: Celery) -> WorkflowStore:
+    backend: Any = app.backend
+    store: WorkflowStore = backend.store
+    return store
+
+
+def write_success(app: Celery, store: WorkflowStore, task_id: str, value: Any) -> None:
+    meta = {
+        "status": "SUCCESS",
+        "result": value,
+        "traceback": None,
+        "children": [],
+        "date_done": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "task_id": task_id,
+    }
+    encoded = app.backend.encode(meta)
+    payload = encoded.encode() if isinstance(encoded, str) else encoded
+    row = ResultWrite(task_id, 1, "SUCCESS", payload, now())
+    store.batches.apply_batch(MirrorBatch(results=[row]))
+
+
+def counting_reads(app: Celery) -> list[str]:
+    """Every read of a result the reader makes, by task id (one backend serves every
+    thread of the process: the waiting thread's reads are counted here)."""
+    results = backend_store(app).results
+    reads: list[str] = []
+    original = results.get
+
+    def get(task_id: str, **kwargs: Any) -> Any:
+        reads.append(task_id)
+        return original(task_id, **kwargs)
+
+    results.get = get  # type: ignore[method-assign]
+    return reads
+
+
+def wait_in_thread(app: Celery, task_id: str) -> tuple[threading.Thread, list[Any]]:
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(app.AsyncResult(task_id).get(timeout=30)))
+    thread.start()
+    return thread, got
+
+
+def test_a_waiting_reader_reads_when_told_not_every_few_milliseconds(
+    reader: Celery, store: WorkflowStore
+) -> None:
+    task_id = str(uuid.uuid4())
+    reads = counting_reads(reader)
+    thread, got = wait_in_thread(reader, task_id)
+    time.sleep(1.5)  # polling every few (up to 50) milliseconds would read 30 times by now
+    write_success(reader, store, task_id, 7)
+    thread.join(30)
+    assert got == [7]
+    assert reads and set(reads) == {task_id}
+    # The first read, one when the listener connected (PostgreSQL), and the one it was
+    # told to make; a second's fallback look at most.
+    assert len(reads) <= 4, reads
+
+
+def test_the_pushed_wait_can_be_turned_off(reader: Celery, store: WorkflowStore) -> None:
+    reader.conf.pikku_result_notify = False
+    task_id = str(uuid.uuid4())
+    reads = counting_reads(reader)
+    thread, got = wait_in_thread(reader, task_id)
+    time.sleep(1.0)
+    write_success(reader, store, task_id, 8)
+    thread.join(30)
+    assert got == [8]
+    assert len(reads) > 10  # it polls, as before
+
+
+def test_a_reader_whose_listen_connection_is_cut_still_gets_its_result(
+    pg_engine: sa.Engine,
+) -> None:
+    truncate(pg_engine)
+    store = WorkflowStore(pg_engine)
+    url = pg_engine.url.render_as_string(hide_password=False)
+    reader = Celery("reader", backend=f"pikku+{url}", set_as_current=False)
+    try:
+        cut_the_listener_and_wait(reader, store)
+    finally:
+        backend_store(reader).close()
+        reader.close()
+
+
+def cut_the_listener_and_wait(reader: Celery, store: WorkflowStore) -> None:
+    first = str(uuid.uuid4())
+    thread, got = wait_in_thread(reader, first)
+    write_success(reader, store, first, 1)
+    thread.join(30)
+    assert got == [1]  # the listener is up
+
+    second = str(uuid.uuid4())
+    thread, got = wait_in_thread(reader, second)
+    with store.engine.connect() as conn:
+        cut = conn.execute(
+            sa.text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE query = 'LISTEN pikku_celery_results' AND pid <> pg_backend_pid()"
+            )
+        ).scalar_one()
+    assert cut >= 1
+    write_success(reader, store, second, 2)  # while it reconnects: nobody is told
+    thread.join(30)
+    assert got == [2]
+
+
+def test_a_notification_that_would_not_fit_says_read_them_all() -> None:
+    few = [str(uuid.uuid4()) for _ in range(3)]
+    assert set(notify_payload(few).split(",")) == set(few)
+    many = [str(uuid.uuid4()) for _ in range(PAYLOAD_LIMIT // 36 + 1)]
+    assert notify_payload(many) == "*"
