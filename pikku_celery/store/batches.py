@@ -84,7 +84,9 @@ class Batches:
 
         placed, missing = self._place_steps(c, batch.steps, known)
         missing |= self._write_steps(c, placed)
-        self._open_chords(c, [s for s in placed if s.step_id not in missing])
+        written = [s for s in placed if s.step_id not in missing]
+        self._open_chords(c, written)
+        released = self._released_runs(c, written)
         for step in placed:
             if step.step_id not in missing:
                 known.setdefault(step.step_id, (1, step.run_id, None))
@@ -98,7 +100,7 @@ class Batches:
         self._write_handovers(c, handovers)
 
         # A result is written with its attempt's end: one whose step waits, waits with it.
-        self._results.write([r for r in batch.results if r.task_id not in missing], conn=c)
+        fired = self._results.write([r for r in batch.results if r.task_id not in missing], conn=c)
 
         outcomes = [o for o in batch.outcomes if o.step_id in known]
         missing |= {o.step_id for o in batch.outcomes if o.step_id not in known}
@@ -106,8 +108,8 @@ class Batches:
         # lost a name race) is not done, whatever its written steps say: a chain's next
         # link is published before the success of the link that sends it.
         waiting = {s.run_id for s in batch.steps if s.step_id in missing}
-        replay = self._write_outcomes(c, outcomes, known, waiting)
-        return BatchResult(frozenset(missing), tuple(replay))
+        replay = self._write_outcomes(c, outcomes, known, waiting, released)
+        return BatchResult(frozenset(missing), tuple(replay), tuple(fired))
 
     def _place_steps(
         self,
@@ -174,6 +176,18 @@ class Batches:
             # Before the outcomes below: a header's success in this batch must not
             # complete the run its chord holds open.
             self._db.run_many(c, self._open_chord, rows)
+
+    def _released_runs(
+        self, c: sa.Connection, written: Sequence[NewStep]
+    ) -> dict[str, dt.datetime]:
+        """Runs whose chord's body is now written: each may complete now (if its steps all
+        succeeded), though none of its own steps ended in this batch."""
+        if not written:
+            return {}
+        at = {s.step_id: s.at for s in written}
+        held = c.execute(sql.batches.runs_held_by_bodies, {"body_ids": sorted(at)}).scalars()
+        latest = max(at.values())
+        return dict.fromkeys(held.all(), latest)
 
     def _not_written(self, c: sa.Connection, placed: Sequence[NewStep]) -> set[str]:
         ids = sorted({s.step_id for s in placed})
@@ -247,8 +261,9 @@ class Batches:
         outcomes: Sequence[RunOutcome],
         known: dict[str, tuple[int, str, Any]],
         waiting: set[str],
+        released: dict[str, dt.datetime],
     ) -> list[str]:
-        complete: dict[str, dt.datetime] = {}
+        complete = {run_id: at for run_id, at in released.items() if run_id not in waiting}
         settle: dict[str, dict[str, Any]] = {}
         replay: list[str] = []
         for o in outcomes:

@@ -12,7 +12,7 @@ import dataclasses
 import datetime as dt
 import uuid
 
-from pikku_celery.store import WorkflowStore
+from pikku_celery.store import NewRun, WorkflowStore
 from tests.support.transitions import apply, new_step, start, succeed
 
 
@@ -87,3 +87,45 @@ def test_a_late_start_of_an_earlier_delivery_keeps_where_the_attempt_ran_last(
     start(store, step.step_id, worker="w2@host", pid=3333, at=first + dt.timedelta(seconds=9))
     [attempt] = store.get_run_history(run_id)
     assert (attempt.worker, attempt.pid, attempt.delivery_count) == ("w2@host", 3333, 3)
+
+
+def test_a_chord_applied_outside_a_run_releases_every_header_run_once_its_body_is_out(
+    store: WorkflowStore,
+) -> None:
+    # chord([add.s(1, 1), add.s(2, 2)], total.s()).delay() from a web request: each header
+    # task is a run of its own, the first one written holds the chord, and the body goes
+    # into the run of whichever header task ended last: here the other one.
+    body_id = str(uuid.uuid4())
+    header = []
+    for n in (1, 2):
+        step_id = str(uuid.uuid4())
+        header.append(
+            dataclasses.replace(
+                new_step(
+                    store,
+                    step_id,
+                    "add",
+                    rpc_name="shop.add",
+                    data={"args": [n, n]},
+                    step_id=step_id,
+                    new_run=NewRun("shop.add", {"args": [n, n]}, {"type": "task"}),
+                ),
+                chord_body=body_id,
+            )
+        )
+    assert apply(store, steps=header).missing == frozenset()
+    for n, step in enumerate(header, start=1):
+        start(store, step.step_id)
+        succeed(store, step.step_id, 1, n * 2)
+    held, last = header[0].step_id, header[1].step_id
+    assert store.get_run(held).status == "running"  # its chord's body is not out yet
+
+    body = new_step(
+        store, last, "total", rpc_name="shop.total", step_id=body_id, parent_step_id=last
+    )
+    assert apply(store, steps=[body]).missing == frozenset()
+    run = store.get_run(held)
+    assert (run.status, run.output) == ("completed", 2)  # released with the body out
+    start(store, body_id)
+    succeed(store, body_id, 1, 6)
+    assert store.get_run(last).status == "completed"

@@ -87,6 +87,13 @@ def count_deliveries(dialect: str) -> Insert:
 
 prune_deliveries: Final = sa.delete(deliveries).where(deliveries.c.created_at < P("before"))
 
+#: The runs held open by chords whose bodies are among these new steps: such a run may
+#: be another header task's (a chord applied outside any run makes a run per header task,
+#: and its body goes into the run of whichever ran last), which nothing else looks at again.
+runs_held_by_bodies: Final = sa.select(chords.c.workflow_run_id).where(
+    chords.c.body_id.in_(P("body_ids", expanding=True))
+)
+
 
 @cache
 def open_chord(dialect: str) -> Insert:
