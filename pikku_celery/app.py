@@ -7,8 +7,9 @@ the interface the integration defines (``installed.Installed``).
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
 
 from celery import Celery
@@ -17,17 +18,19 @@ from celery.canvas import Signature
 from pikku_celery.durations import format_duration, parse_duration
 from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration import signals
-from pikku_celery.integration.backend import SCHEME, expire_results
+from pikku_celery.integration.backend import SCHEME, PikkuBackend, expire_results
 from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
 from pikku_celery.integration.upkeep import ENV_REAPER_INTERVAL, REAPER_INTERVAL, Upkeep
 from pikku_celery.mirror import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, CeleryMirror
-from pikku_celery.store import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, WorkflowStore
+from pikku_celery.store import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, FiredChord, WorkflowStore
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.engine import WorkflowEngine
 
 __all__ = ["REAP_TASK", "PikkuCelery"]
+
+logger = logging.getLogger(__name__)
 
 
 #: The periodic task that runs one reaper pass (see :meth:`PikkuCelery.reap_every`).
@@ -96,6 +99,8 @@ class PikkuCelery:
         reap_task = as_task_function(self._reap_task)
         app.task(name=REAP_TASK, ignore_result=True, shared=False)(reap_task)
         signals.install(self)
+        # A chord's last part written by this process's flusher: its body goes from here.
+        self.mirror.on_chords_fired(self._fire_chords)
         if result_backend:
             # Celery's own URL parsing finds the backend by its entry point: the same as
             # the user writing backend="pikku://".
@@ -104,6 +109,19 @@ class PikkuCelery:
     def _results_here(self) -> bool:
         """The app's result backend is this store (``pikku://``): its results expire here."""
         return str(self.app.conf.result_backend or "").startswith(SCHEME)
+
+    def _fire_chords(self, chords: Sequence[FiredChord]) -> None:
+        backend = self.app.backend
+        if not isinstance(backend, PikkuBackend):
+            logger.warning(
+                "pikku-celery has chords %s to finish, but this app's result backend is %s, "
+                "not pikku://; give every process of the app the same result backend",
+                ", ".join(c.group_id for c in chords),
+                type(backend).__name__,
+                extra={"action": "chord_without_backend"},
+            )
+            return
+        backend.fire_chords(chords)
 
     def _expire_results(self) -> int:
         return expire_results(self.app, self.store)

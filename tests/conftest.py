@@ -37,6 +37,8 @@ TABLES = (
     "pikku_celery_chords",
     "pikku_celery_results",
     "pikku_celery_groups",
+    "pikku_celery_result_chords",
+    "pikku_celery_result_chord_parts",
 )
 
 

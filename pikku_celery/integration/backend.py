@@ -20,7 +20,7 @@ import datetime as dt
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from celery import states
@@ -31,10 +31,12 @@ from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
 from pikku_celery.errors import ConfigurationError, StepNotFound
 from pikku_celery.integration import replace
+from pikku_celery.integration.chords import chord_parts, fire_chords
 from pikku_celery.integration.installed import installed_on
 from pikku_celery.store import (
     DEFAULT_DATABASE_URL,
     ENV_DATABASE_URL,
+    FiredChord,
     ResultWatch,
     ResultWrite,
     WorkflowStore,
@@ -168,7 +170,8 @@ class PikkuBackend(BaseBackend):
         )
         pikku = installed_on(self.app)
         if pikku is None:
-            self.store.results.write([row])  # no journal in this process: one write now
+            # No journal in this process: one write now, and a chord it completes fires.
+            fire_chords(self, self.store.results.write([row]))
         elif state in _AFTER_THE_ATTEMPT and _running(request, task_id):
             setattr(request, _STASH, row)  # journaled by task_postrun, after the attempt
         else:
@@ -176,6 +179,24 @@ class PikkuBackend(BaseBackend):
                 row.task_id, row.attempt, row.status, row.meta, row.date_done
             )
         return result
+
+    # --- chords, finished here (no celery.chord_unlock) ------------------------------
+
+    def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> None:
+        """Keep the chord in SQL before its header is published; the batch that writes its
+        last part's result fires it (``integration/chords.py``)."""
+        self.ensure_chords_allowed()
+        header = self.app.GroupResult(*header_result_args)
+        self.store.results.apply_chord(
+            str(header.id), chord_parts(header), ensure_bytes(self.encode(body))
+        )
+
+    def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
+        """Nothing: a part counts when its result is in SQL, in that result's transaction."""
+
+    def fire_chords(self, chords: Sequence[FiredChord]) -> None:
+        """Send the bodies of chords whose parts are all done (after their COMMIT)."""
+        fire_chords(self, chords)
 
     def cleanup(self) -> None:
         """What Celery's ``celery.backend_cleanup`` (beat) calls: every expired result goes.

@@ -22,14 +22,17 @@ from pikku_celery.mirror.deferral import Deferral
 from pikku_celery.mirror.events import decode
 from pikku_celery.mirror.journal import Journal, JournalEntry
 from pikku_celery.mirror.outage import Outage, an_outage
-from pikku_celery.store import WorkflowStore
+from pikku_celery.store import FiredChord, WorkflowStore
 
-__all__ = ["BATCH_SIZE", "BatchWriter", "Committed"]
+__all__ = ["BATCH_SIZE", "BatchWriter", "ChordsFired", "Committed"]
 
 logger = logging.getLogger(__name__)
 
 #: Called with the durable-workflow runs whose step ended, once that is committed.
 Committed = Callable[[Sequence[str]], None]
+#: Called with the chords whose bodies are to be sent, once the batch that claimed them
+#: committed (the result backend's native chords).
+ChordsFired = Callable[[Sequence[FiredChord]], None]
 
 BATCH_SIZE: Final = 500
 _LAG_SAMPLES: Final = 100_000
@@ -52,6 +55,7 @@ class BatchWriter:
         outage: Outage,
         own_journal: Callable[[], Journal | None],
         committed: Committed,
+        fired: ChordsFired,
     ) -> None:
         self._store = store
         self.batch_size = batch_size
@@ -59,6 +63,7 @@ class BatchWriter:
         self._outage = outage
         self._own_journal = own_journal
         self._committed = committed
+        self._fired = fired
         self._lock = threading.Lock()
         self.written = self.batches = 0
         self.lags: deque[float] = deque(maxlen=_LAG_SAMPLES)
@@ -138,6 +143,8 @@ class BatchWriter:
         self.lags.extend(committed - p.event.at for p in done)
         if result.replay:
             self._committed(result.replay)
+        if result.fired:
+            self._fired(result.fired)
 
 
 def _reason(exc: BaseException) -> str:

@@ -28,6 +28,7 @@ from pikku_celery.mirror.delivery import (
     BATCH_SIZE,
     FLUSH_INTERVAL,
     GRACE,
+    ChordsFired,
     Committed,
     Delivery,
     DeliveryStats,
@@ -179,6 +180,10 @@ class CeleryMirror:
     def on_committed(self, listener: Committed) -> None:
         """Called with the durable-workflow runs to replay, after their step's end commits."""
         self.delivery.on_committed(listener)
+
+    def on_chords_fired(self, listener: ChordsFired) -> None:
+        """Called with the chords whose bodies are due, after the batch that completed them."""
+        self.delivery.on_chords_fired(listener)
 
     def start(self) -> None:
         """Start this process's flusher now (it adopts journals of processes that are gone)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pikku_celery.errors import StoreError
-from pikku_celery.mirror.batches import BATCH_SIZE, BatchWriter, Committed
+from pikku_celery.mirror.batches import BATCH_SIZE, BatchWriter, ChordsFired, Committed
 from pikku_celery.mirror.deferral import GRACE, Deferral
 from pikku_celery.mirror.events import MirrorEvent, encode
 from pikku_celery.mirror.flusher import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, Flusher
@@ -39,7 +39,7 @@ from pikku_celery.mirror.journal import Journal
 from pikku_celery.mirror.ledger import Ledger
 from pikku_celery.mirror.orphans import ADOPT_INTERVAL, Orphans
 from pikku_celery.mirror.outage import Outage
-from pikku_celery.store import WorkflowStore
+from pikku_celery.store import FiredChord, WorkflowStore
 
 __all__ = [
     "ADOPT_INTERVAL",
@@ -47,6 +47,7 @@ __all__ = [
     "ENV_FLUSH_INTERVAL",
     "FLUSH_INTERVAL",
     "GRACE",
+    "ChordsFired",
     "Committed",
     "Delivery",
     "DeliveryStats",
@@ -96,6 +97,7 @@ class Delivery:
         self.adopt_interval = adopt_interval
         self.grace = grace
         self._listeners: list[Committed] = []
+        self._fired_listeners: list[ChordsFired] = []
         self._fork = ForkGuard(self._after_fork)
         self._reset()
 
@@ -112,6 +114,7 @@ class Delivery:
             outage=outage,
             own_journal=lambda: self._journal,
             committed=self._committed,
+            fired=self._chords_fired,
         )
         self._orphans = Orphans(
             self._folder,
@@ -140,6 +143,21 @@ class Delivery:
     def on_committed(self, listener: Committed) -> None:
         """Call ``listener`` from the flusher thread after a batch that ended workflow steps."""
         self._listeners.append(listener)
+
+    def on_chords_fired(self, listener: ChordsFired) -> None:
+        """Call ``listener`` from the flusher thread after a batch that completed chords."""
+        self._fired_listeners.append(listener)
+
+    def _chords_fired(self, chords: Sequence[FiredChord]) -> None:
+        for listener in self._fired_listeners:
+            try:
+                listener(chords)
+            except Exception:
+                logger.exception(
+                    "pikku-celery could not send the bodies of chords %s",
+                    ", ".join(c.group_id for c in chords),
+                    extra={"action": "chord_fire_failed"},
+                )
 
     def _committed(self, runs: Sequence[str]) -> None:
         for listener in self._listeners:
@@ -172,6 +190,7 @@ class Delivery:
             background=background,
         )
         twin._listeners = self._listeners  # the same list: a listener added later hears both
+        twin._fired_listeners = self._fired_listeners
         return twin
 
     # --- the hot path -------------------------------------------------------------

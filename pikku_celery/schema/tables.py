@@ -29,6 +29,8 @@ __all__ = [
     "JsonText",
     "UtcDateTime",
     "celery_groups",
+    "celery_result_chord_parts",
+    "celery_result_chords",
     "celery_results",
     "chords",
     "format_timestamp",
@@ -454,4 +456,28 @@ celery_groups = sa.Table(
     sa.Column("meta", sa.LargeBinary, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.Index("idx_pikku_celery_groups_updated", "updated_at"),
+)
+
+# A chord the result backend finishes itself (no ``celery.chord_unlock``): its body as
+# the app's result serializer encoded it, how many header parts it waits for, and when
+# the batch that wrote the last of their results claimed its firing (once).
+celery_result_chords = sa.Table(
+    "pikku_celery_result_chords",
+    metadata,
+    sa.Column("group_id", sa.Text, primary_key=True),
+    sa.Column("size", sa.Integer, nullable=False),
+    sa.Column("body", sa.LargeBinary, nullable=False),
+    sa.Column("fired_at", UtcDateTime),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Index("idx_pikku_celery_result_chords_created", "created_at"),
+)
+
+# The header parts of such a chord, in the order the body gets their results.
+celery_result_chord_parts = sa.Table(
+    "pikku_celery_result_chord_parts",
+    metadata,
+    sa.Column("group_id", sa.Text, primary_key=True),
+    sa.Column("task_id", sa.Text, primary_key=True),
+    sa.Column("position", sa.Integer, nullable=False),
+    sa.Index("idx_pikku_celery_result_chord_parts_task", "task_id"),
 )

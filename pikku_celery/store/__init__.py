@@ -18,6 +18,7 @@ from pikku_celery.store.engine import (
     same_database,
 )
 from pikku_celery.store.mirror_batch import (
+    FiredChord,
     Handover,
     MirrorBatch,
     NewStep,
@@ -68,6 +69,7 @@ __all__ = [
     "AttemptCount",
     "AttemptTotals",
     "ErrorLike",
+    "FiredChord",
     "Handover",
     "MirrorBatch",
     "NewRun",

@@ -14,6 +14,7 @@ from typing import Final, Literal
 
 __all__ = [
     "BatchResult",
+    "FiredChord",
     "Handover",
     "MirrorBatch",
     "NewStep",
@@ -129,6 +130,16 @@ class ResultWrite:
     date_done: dt.datetime | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class FiredChord:
+    """A chord whose header parts all have results: its body, encoded as it was applied,
+    and the parts' ids in header order. Claimed once, by the batch that committed it."""
+
+    group_id: str
+    body: bytes
+    parts: tuple[str, ...]
+
+
 @dataclass(slots=True)
 class MirrorBatch:
     steps: list[NewStep] = field(default_factory=list)
@@ -154,8 +165,9 @@ class BatchResult:
     ``missing``: steps named by a transition or outcome (or the parent of a
     new step) that are not in the database; nothing of theirs was written.
     ``replay``: durable-workflow runs whose step ended, to replay now that
-    it is committed.
+    it is committed. ``fired``: chords whose bodies are to be sent now.
     """
 
     missing: frozenset[str]
     replay: tuple[str, ...]
+    fired: tuple[FiredChord, ...] = ()

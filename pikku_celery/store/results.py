@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from pikku_celery.store import sql
 from pikku_celery.store.common import now
 from pikku_celery.store.connector import Connector
-from pikku_celery.store.mirror_batch import ResultWrite
+from pikku_celery.store.mirror_batch import FiredChord, ResultWrite
 from pikku_celery.store.result_watch import CHANNEL, ResultWatch, notify_payload, watch_results
 
 __all__ = ["Results", "StoredResult"]
@@ -38,11 +38,17 @@ class Results:
         self._db = db
         self._write = sql.results.write_result(db.dialect)
         self._save_group = sql.results.save_group(db.dialect)
+        self._lock_chord = sql.results.lock_chord(db.dialect)
+        self._insert_chord = sql.results.insert_chord(db.dialect)
+        self._insert_parts = sql.results.insert_chord_parts(db.dialect)
 
-    def write(self, rows: Sequence[ResultWrite], *, conn: sa.Connection | None = None) -> None:
-        """Write results forward only (see ``sql.results.write_result``)."""
+    def write(
+        self, rows: Sequence[ResultWrite], *, conn: sa.Connection | None = None
+    ) -> list[FiredChord]:
+        """Write results forward only (see ``sql.results.write_result``); returns the chords
+        whose last header part this write completed, to be fired once it is committed."""
         if not rows:
-            return
+            return []
         params = [
             {
                 "task_id": r.task_id,
@@ -59,8 +65,48 @@ class Results:
             c.execute(self._write, params)
             if ready and self._db.dialect == "postgresql":
                 # Delivered at COMMIT, to the readers waiting for these ids (result_watch).
+                notice = {"channel": CHANNEL, "payload": notify_payload(ready)}
+                c.execute(sql.results.notify, notice)
+            return self._complete_chords(c, ready, rows[0].at) if ready else []
+
+    def _complete_chords(
+        self, c: sa.Connection, ready: Sequence[str], at: dt.datetime
+    ) -> list[FiredChord]:
+        """Claim the firing of every chord of these parts whose parts are now all done.
+
+        The chords are locked one after another in ``group_id`` order, after every other
+        lock of the batch, and counted after the lock: of two batches that write a chord's
+        last two parts at once, the second counts the first's committed part and fires.
+        """
+        fired: list[FiredChord] = []
+        groups = c.execute(sql.results.chords_of_parts, {"task_ids": sorted(set(ready))})
+        for group_id in groups.scalars().all():
+            key = {"chord_id": group_id}
+            chord = c.execute(self._lock_chord, key).first()
+            if chord is None or chord.fired_at is not None:
+                continue
+            done = c.execute(sql.results.chord_parts_done, key).scalar_one()
+            if done < chord.size:
+                continue
+            if c.execute(sql.results.claim_firing, {**key, "now": at}).rowcount:
+                ids = c.execute(sql.results.part_ids, key).scalars().all()
+                fired.append(FiredChord(group_id, bytes(chord.body), tuple(ids)))
+        return fired
+
+    def apply_chord(self, group_id: str, parts: Sequence[str], body: bytes) -> None:
+        """Keep a chord until its header parts are done (before any of them is published)."""
+        with self._db.write(None) as c:
+            c.execute(
+                self._insert_chord,
+                {"group_id": group_id, "size": len(parts), "body": body, "now": now()},
+            )
+            if parts:
                 c.execute(
-                    sql.results.notify, {"channel": CHANNEL, "payload": notify_payload(ready)}
+                    self._insert_parts,
+                    [
+                        {"group_id": group_id, "task_id": task_id, "position": position}
+                        for position, task_id in enumerate(parts)
+                    ],
                 )
 
     def watch(self, task_ids: Iterable[str]) -> ResultWatch:
@@ -106,4 +152,8 @@ class Results:
         with self._db.write(None) as c:
             gone = c.execute(sql.results.expire_results, params).rowcount
             gone += c.execute(sql.results.expire_groups, params).rowcount
+            chords = c.execute(sql.results.expire_chords, params).rowcount
+            if chords:
+                c.execute(sql.results.expire_chord_parts)
+            gone += chords
         return int(gone)

@@ -91,3 +91,14 @@ def quiet() -> str:
 def unusual() -> object:
     """A value only pickle carries (a frozenset of tuples), and bytes only some do."""
     return frozenset({(1, "one"), (2, "two")})
+
+
+@app.task(name="results.total", shared=False)
+def total(values: list[int]) -> int:
+    return sum(values)
+
+
+@app.task(name="results.failed_part", shared=False)
+def failed_part(task_id: str) -> str:
+    """An old-style errback: Celery publishes it with the failed task's id."""
+    return f"noted {task_id}"

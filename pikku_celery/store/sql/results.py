@@ -10,18 +10,29 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
 from pikku_celery.schema import celery_groups as groups
+from pikku_celery.schema import celery_result_chord_parts as parts
+from pikku_celery.schema import celery_result_chords as chords
 from pikku_celery.schema import celery_results as results
 
 __all__ = [
     "READY_STATES",
+    "chord_parts_done",
+    "chords_of_parts",
+    "claim_firing",
     "delete_group",
     "delete_result",
+    "expire_chord_parts",
+    "expire_chords",
     "expire_groups",
     "expire_results",
     "get_group",
     "get_result",
     "get_results",
+    "insert_chord",
+    "insert_chord_parts",
+    "lock_chord",
     "notify",
+    "part_ids",
     "save_group",
     "write_result",
 ]
@@ -123,3 +134,82 @@ expire_groups: Final = sa.delete(groups).where(
 
 #: PostgreSQL only: readers LISTENing on the channel are told at COMMIT.
 notify: Final = sa.select(sa.func.pg_notify(P("channel"), P("payload")))
+
+
+# --- chords the backend finishes itself ------------------------------------------
+
+
+@cache
+def insert_chord(dialect: str) -> Insert:
+    """A chord once: applying it again (a publisher's retry) changes nothing."""
+    statement: Insert = (
+        _insert(dialect)(chords)
+        .values(
+            group_id=P("group_id"),
+            size=P("size"),
+            body=P("body", type_=sa.LargeBinary),
+            created_at=P("now"),
+        )
+        .on_conflict_do_nothing(index_elements=["group_id"])
+    )
+    return statement
+
+
+@cache
+def insert_chord_parts(dialect: str) -> Insert:
+    statement: Insert = (
+        _insert(dialect)(parts)
+        .values(group_id=P("group_id"), task_id=P("task_id"), position=P("position"))
+        .on_conflict_do_nothing(index_elements=["group_id", "task_id"])
+    )
+    return statement
+
+
+chords_of_parts: Final = (
+    sa.select(parts.c.group_id)
+    .where(parts.c.task_id.in_(P("task_ids", expanding=True)))
+    .distinct()
+    .order_by(parts.c.group_id)
+)
+
+
+def lock_chord(dialect: str) -> sa.Select[tuple[int, bytes, object]]:
+    """The chord's row, locked on PostgreSQL until COMMIT: the batches that write its last
+    results count one after another (SQLite has one writer at a time anyway)."""
+    query = sa.select(chords.c.size, chords.c.body, chords.c.fired_at).where(
+        chords.c.group_id == P("chord_id")
+    )
+    return query.with_for_update() if dialect == "postgresql" else query
+
+
+# Each part counts once, by its row in the results, whatever its deliveries.
+chord_parts_done: Final = (
+    sa.select(sa.func.count())
+    .select_from(parts.join(results, results.c.task_id == parts.c.task_id))
+    .where(parts.c.group_id == P("chord_id"), results.c.status.in_(READY_STATES))
+)
+
+claim_firing: Final = (
+    sa.update(chords)
+    .where(chords.c.group_id == P("chord_id"), chords.c.fired_at.is_(None))
+    .values(fired_at=P("now"))
+)
+
+part_ids: Final = (
+    sa.select(parts.c.task_id).where(parts.c.group_id == P("chord_id")).order_by(parts.c.position)
+)
+
+expire_chords: Final = sa.delete(chords).where(
+    chords.c.group_id.in_(
+        sa.select(chords.c.group_id)
+        .where(chords.c.created_at < P("before"))
+        .order_by(chords.c.created_at)
+        .limit(P("limit"))
+        .scalar_subquery()
+    )
+)
+
+# Parts whose chord has gone (expired above, in the same transaction).
+expire_chord_parts: Final = sa.delete(parts).where(
+    ~sa.exists().where(chords.c.group_id == parts.c.group_id)
+)
