@@ -10,8 +10,9 @@ mirroring into a PostgreSQL container that the test reads back::
     pytest_plugins = ["pikku_celery.testing.docker"]
 
     @pytest.fixture(scope="session")
-    def pikku_app_module(pikku_postgres):      # imported after the mirror points at the container
-        return importlib.import_module("shop.tasks")
+    def pikku_app_module(pikku_postgres):
+        with pikku_postgres.app_environment():   # this process's mirror: the container too
+            return importlib.import_module("shop.tasks")
 
     # test_checkout.py
     def test_checkout(celery_setup, pikku_app, pikku_store):
@@ -26,6 +27,7 @@ module is copied into the worker as it is: it must import only what the image ha
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import socket
@@ -36,7 +38,6 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-import docker  # type: ignore[import-untyped]
 import pytest
 from pytest_celery import (  # type: ignore[import-untyped]
     DEFAULT_WORKER_CONTAINER_TIMEOUT,
@@ -154,6 +155,20 @@ class PikkuPostgres:
     def store(self) -> WorkflowStore:
         return WorkflowStore(self.url)
 
+    @contextlib.contextmanager
+    def app_environment(self) -> Iterator[None]:
+        """``PIKKU_DATABASE_URL`` points at this container while your app module is imported
+        (``PikkuCelery(app)`` reads it then), and is put back after."""
+        before = os.environ.get("PIKKU_DATABASE_URL")
+        os.environ["PIKKU_DATABASE_URL"] = self.url
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ["PIKKU_DATABASE_URL"]
+            else:
+                os.environ["PIKKU_DATABASE_URL"] = before
+
 
 @dataclass
 class PikkuWorkers:
@@ -189,9 +204,14 @@ class PikkuWorkers:
         wait_until(lambda: "ready." in worker.logs(), timeout, f"worker {raw.name} ready")
         return worker
 
+    def remove(self, worker: PikkuWorkerContainer) -> None:
+        """``docker rm -f``: the container is gone; a volume of its own is not."""
+        worker._container.remove(force=True)
+
     def remove_all(self) -> None:
         for raw, own_volume in self.started:
-            raw.remove(force=True)
+            if self.client.containers.list(all=True, filters={"id": raw.id}):
+                raw.remove(force=True)
             if own_volume:
                 self.client.volumes.get(own_volume).remove(force=True)
         self.started.clear()
@@ -208,32 +228,28 @@ def pikku_app_module() -> ModuleType:
     """Your app module: override this fixture (session-scoped, depending on pikku_postgres)."""
     raise pytest.UsageError(
         "override the pikku_app_module fixture in your conftest.py to return your app "
-        "module, imported after pikku_postgres (see pikku_celery.testing.docker)"
+        "module, imported in `with pikku_postgres.app_environment():` "
+        "(see pikku_celery.testing.docker)"
     )
 
 
 @pytest.fixture(scope="session")
-def pikku_docker_client() -> Iterator[Any]:
-    client = docker.from_env()
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="session")
-def pikku_postgres(pikku_docker_client: Any) -> Iterator[PikkuPostgres]:
-    """One PostgreSQL container for the session, migrated; this process's mirror points at it
-    (``PIKKU_DATABASE_URL``), so import your app module after this fixture."""
+def pikku_postgres(docker_client: Any) -> Iterator[PikkuPostgres]:
+    """One PostgreSQL container for the session, migrated. Import your app module in
+    ``with pikku_postgres.app_environment():`` so this process's mirror writes there too."""
     password = uuid.uuid4().hex
-    raw = pikku_docker_client.containers.run(
+    raw = docker_client.containers.run(
         POSTGRES_IMAGE,
-        environment={"POSTGRES_USER": "pikku", "POSTGRES_PASSWORD": password, "POSTGRES_DB": "pikku"},
+        environment={
+            "POSTGRES_USER": "pikku",
+            "POSTGRES_PASSWORD": password,
+            "POSTGRES_DB": "pikku",
+        },
         ports={"5432/tcp": ("127.0.0.1", None)},
         detach=True,
     )
     try:
-        wait_until(
-            lambda: bool(raw.reload() or raw.ports.get("5432/tcp")), 30, "PostgreSQL's port"
-        )
+        wait_until(lambda: bool(raw.reload() or raw.ports.get("5432/tcp")), 30, "PostgreSQL's port")
         port = raw.ports["5432/tcp"][0]["HostPort"]
         url = f"postgresql://pikku:{password}@127.0.0.1:{port}/pikku"
         store = WorkflowStore(url)
@@ -247,7 +263,6 @@ def pikku_postgres(pikku_docker_client: Any) -> Iterator[PikkuPostgres]:
 
         wait_until(migrated, 60, f"PostgreSQL in {POSTGRES_IMAGE} accepting the schema")
         store.close()
-        os.environ["PIKKU_DATABASE_URL"] = url
         yield PikkuPostgres(raw, url, f"postgresql://pikku:{password}@{POSTGRES_ALIAS}:5432/pikku")
     finally:
         raw.remove(force=True, v=True)
@@ -255,10 +270,10 @@ def pikku_postgres(pikku_docker_client: Any) -> Iterator[PikkuPostgres]:
 
 @pytest.fixture
 def pikku_postgres_on_network(
-    pikku_postgres: PikkuPostgres, pikku_docker_client: Any, default_pytest_celery_network: Any
+    pikku_postgres: PikkuPostgres, docker_client: Any, default_pytest_celery_network: Any
 ) -> Iterator[PikkuPostgres]:
     """The PostgreSQL container joins this test's network, as ``pikku-postgres``."""
-    network = pikku_docker_client.networks.get(default_pytest_celery_network.name)
+    network = docker_client.networks.get(default_pytest_celery_network.name)
     network.connect(pikku_postgres.container, aliases=[POSTGRES_ALIAS])
     yield pikku_postgres
     network.disconnect(pikku_postgres.container, force=True)
@@ -334,25 +349,14 @@ def pikku_app(
 ) -> ModuleType:
     """Your app module, publishing to this test's broker container from this process."""
     app = _pikku_of(pikku_app_module).app
-    app.conf.broker_url = celery_setup.broker.config()["host_url"]
+    app.conf.update(broker_url=celery_setup.broker.config()["host_url"])
     # Drop pooled connections to the previous test's broker (Celery does the same after a fork).
-    app._after_fork()
+    app._after_fork()  # type: ignore[attr-defined]  # Celery's own, untyped in its stubs
     return pikku_app_module
 
 
 @pytest.fixture
-def pikku_workers(
-    celery_setup: CeleryTestSetup, pikku_docker_client: Any
-) -> Iterator[PikkuWorkers]:
-    workers = PikkuWorkers(pikku_docker_client, celery_setup.worker.container._container)
+def pikku_workers(celery_setup: CeleryTestSetup, docker_client: Any) -> Iterator[PikkuWorkers]:
+    workers = PikkuWorkers(docker_client, celery_setup.worker.container._container)
     yield workers
     workers.remove_all()
-
-
-def journal_files(worker: PikkuWorkerContainer) -> list[str]:
-    """The journal files in the worker's journal folder (the container must be running)."""
-    code, output = worker.exec_run(["ls", "-1", JOURNAL_DIR])
-    if code != 0:
-        raise AssertionError(f"cannot list {JOURNAL_DIR}: {output!r}")
-    return [name for name in output.decode().split() if name]
-

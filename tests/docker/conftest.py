@@ -10,12 +10,10 @@ from __future__ import annotations
 import importlib
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import docker  # type: ignore[import-untyped]
 import pytest
 import pytest_docker_tools.wrappers.container  # type: ignore[import-untyped]
 
@@ -28,7 +26,6 @@ from pikku_celery.testing.docker import (  # noqa: F401  (fixtures, found by the
     default_worker_initial_content,
     engine_is_local,
     pikku_app,
-    pikku_docker_client,
     pikku_journal_volume,
     pikku_postgres,
     pikku_postgres_on_network,
@@ -44,9 +41,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session", autouse=True)
-def docker_engine() -> Iterator[Any]:
+def docker_engine(request: pytest.FixtureRequest) -> Any:
     try:
-        client = docker.from_env()
+        client = request.getfixturevalue("docker_client")  # pytest-docker-tools' own
         client.ping()
     except Exception as exc:
         service_missing("the docker engine", exc)
@@ -61,7 +58,17 @@ def docker_engine() -> Iterator[Any]:
     if not client.images.list(name=WORKER_IMAGE):
         # With a registry: the default base image. Without one, build-local-images.sh first.
         built = subprocess.run(
-            ["docker", "build", "-f", "docker/Dockerfile", "--target", "app", "-t", WORKER_IMAGE, "."],
+            [
+                "docker",
+                "build",
+                "-f",
+                "docker/Dockerfile",
+                "--target",
+                "app",
+                "-t",
+                WORKER_IMAGE,
+                ".",
+            ],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -72,8 +79,7 @@ def docker_engine() -> Iterator[Any]:
                 f"could not build {WORKER_IMAGE}; without an image registry run "
                 f"docker/build-local-images.sh first:\n{built.stderr[-3000:]}"
             )
-    yield client
-    client.close()
+    return client
 
 
 @pytest.fixture
@@ -84,10 +90,16 @@ def celery_backend_cluster() -> None:
 
 @pytest.fixture(scope="session")
 def pikku_app_module(
-    pikku_postgres: PikkuPostgres, tmp_path_factory: pytest.TempPathFactory
+    pikku_postgres: PikkuPostgres,  # noqa: F811  (the fixture imported above, as a parameter)
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> ModuleType:
     # This process publishes too, and journals what it publishes: in a folder of the session's.
-    os.environ["PIKKU_JOURNAL_DIR"] = str(tmp_path_factory.mktemp("journal"))
-    module = importlib.import_module("tests.docker.dockerapp")
-    module.setup_tables()
+    # Both variables only while the module is imported: the suites after this one run without.
+    os.environ["DOCKERAPP_JOURNAL_DIR"] = str(tmp_path_factory.mktemp("journal"))
+    try:
+        with pikku_postgres.app_environment():
+            module = importlib.import_module("tests.docker.dockerapp")
+            module.setup_tables()
+    finally:
+        del os.environ["DOCKERAPP_JOURNAL_DIR"]
     return module

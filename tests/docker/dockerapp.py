@@ -23,6 +23,8 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     # The workers' reaper looks for steps of dead workers every second, not every 10.
     pikku_reaper_interval=1.0,
+    # The test process's journal (the containers journal where the image says).
+    pikku_journal_dir=os.environ.get("DOCKERAPP_JOURNAL_DIR") or None,
 )
 pikku = PikkuCelery(app)
 
@@ -106,6 +108,12 @@ def durable(ctx: Any, tag: str, acked_early: bool = False) -> list[int]:
 
 @pikku.step(name="docker.add")
 def add(x: int, y: int) -> int:
+    return x + y
+
+
+@pikku.step(name="docker.slow_add")
+def slow_add(x: int, y: int) -> int:
+    time.sleep(0.3)
     return x + y
 
 
