@@ -47,7 +47,7 @@ from pytest_celery import (  # type: ignore[import-untyped]
 from pytest_docker_tools import container, fxtr, volume  # type: ignore[import-untyped]
 
 from pikku_celery.app import PikkuCelery
-from pikku_celery.store import WorkflowRun, WorkflowStore
+from pikku_celery.store import SETTLED_RUN_STATUSES, WorkflowRun, WorkflowStore
 
 __all__ = [
     "JOURNAL_DIR",
@@ -65,7 +65,6 @@ POSTGRES_IMAGE = os.environ.get("PIKKU_TEST_POSTGRES_IMAGE", "postgres:16-bookwo
 JOURNAL_DIR = "/var/lib/pikku-celery/journal"
 # The name the worker containers reach the PostgreSQL container by, on each test's network.
 POSTGRES_ALIAS = "pikku-postgres"
-SETTLED = frozenset({"completed", "failed", "cancelled"})
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -86,9 +85,12 @@ def wait_for_run(store: WorkflowStore, run_id: str, timeout: float = 45) -> Work
         except LookupError:
             return False
         found[:] = [run]
-        return run.status in SETTLED
+        return run.status in SETTLED_RUN_STATUSES
 
-    wait_until(settled, timeout, f"run {run_id} settled (last seen: {found})")
+    try:
+        wait_until(settled, timeout, f"run {run_id} settled")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen: {found[0] if found else 'no run yet'}") from None
     return found[0]
 
 
