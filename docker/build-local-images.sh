@@ -26,7 +26,7 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
   eval "$(apt-config shell ETC Dir::Etc/d SOURCELIST Dir::Etc::sourcelist/f SOURCEPARTS Dir::Etc::sourceparts/d)"
   sources=()
   [ -s "$SOURCELIST" ] && sources+=("$SOURCELIST")
-  for file in "$SOURCEPARTS"/*.list "$SOURCEPARTS"/*.sources; do
+  for file in "${SOURCEPARTS%/}"/*.list "${SOURCEPARTS%/}"/*.sources; do
     [ -s "$file" ] && sources+=("$file")
   done
   if [ ${#sources[@]} -eq 0 ]; then
