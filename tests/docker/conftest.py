@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import socket
 import subprocess
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import pytest_docker_tools.wrappers.container  # type: ignore[import-untyped]
@@ -40,9 +42,23 @@ from tests.conftest import service_missing
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def engine_socket_answers() -> None:
+    """Connects to the engine's socket, and closes it: the docker client left a socket open
+    when the engine was away (a ResourceWarning, which this suite turns into an error)."""
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    parts = urlsplit(host)
+    if parts.scheme == "unix":
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(5)
+            sock.connect(parts.path)
+    else:
+        socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 2375), 5).close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def docker_engine(request: pytest.FixtureRequest) -> Any:
     try:
+        engine_socket_answers()
         client = request.getfixturevalue("docker_client")  # pytest-docker-tools' own
         client.ping()
     except Exception as exc:
