@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test check format bench bench-quick clean
+.PHONY: install demo test test-docker check format bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Only the docker suite (tests/docker: pytest-celery's containers and the compose stack). It
+# needs a docker engine; without an image registry, run docker/build-local-images.sh first.
+test-docker: $(STAMP)
+	$(BIN)/python -m pytest tests/docker $(PYTEST_ARGS)
 
 check: $(STAMP)
 	$(BIN)/ruff check pikku_celery tests bench
