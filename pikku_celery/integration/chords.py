@@ -11,6 +11,7 @@ part failed, as Celery's own backends do.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -20,6 +21,8 @@ from celery.canvas import maybe_signature
 from celery.exceptions import ChordError
 from celery.result import AsyncResult, GroupResult, ResultBase
 
+from pikku_celery.errors import StepNotFound
+from pikku_celery.integration.run_context import RunContext, current_run
 from pikku_celery.store import FiredChord
 
 __all__ = ["chord_parts", "fire_chords"]
@@ -70,4 +73,14 @@ def _fire(backend: Any, chord: FiredChord) -> None:
             except ChordError as error:
                 backend.chord_error_from_stack(body, error)
             return
-    body.delay([meta["result"] for meta in metas])
+    # The body joins the run of the last header part, after that part, as it does when
+    # Celery's own backends send it from inside that task.
+    context = None
+    with contextlib.suppress(StepNotFound):
+        last = backend.store.get_step(chord.parts[-1])
+        context = RunContext(last.run_id, last.step_id)
+    token = current_run.set(context)
+    try:
+        body.delay([meta["result"] for meta in metas])
+    finally:
+        current_run.reset(token)

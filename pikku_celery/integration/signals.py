@@ -8,13 +8,11 @@ those that are not a ``WorkflowTask``) and never raises.
 
 from __future__ import annotations
 
-import contextvars
 import datetime as dt
 import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
@@ -25,6 +23,7 @@ from pikku_celery.integration import control, installed, replace
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.backend import take_stashed
 from pikku_celery.integration.installed import Installed, installed_on, registry
+from pikku_celery.integration.run_context import RunContext, current_run
 from pikku_celery.integration.task import retry_policy
 from pikku_celery.mirror import PublishedStep
 from pikku_celery.store import NewRun, error_document
@@ -43,20 +42,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _UID: Final = "pikku_celery.{}"
-
-
-@dataclass(frozen=True, slots=True)
-class RunContext:
-    """The run that tasks published right now belong to, and the step they follow."""
-
-    run_id: str
-    parent_step_id: str | None = None
-
-
-#: Set by ``PikkuCelery.run`` while it publishes a canvas.
-current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
-    "pikku_celery_current_run", default=None
-)
 
 
 def install(pikku: Installed) -> None:
@@ -256,6 +241,8 @@ def _chord_body(body: Any) -> str | None:
     if not isinstance(chord, dict) or chord.get("subtask_type") is not None:
         # A group's or chain's frozen id is no step's: only a lone task's body is awaited.
         return None
+    if _lookup(str(chord.get("task")))[1] is None:
+        return None  # a body that is not mirrored never becomes a step to wait for
     options = chord.get("options")
     task_id = options.get("task_id") if isinstance(options, dict) else None
     return str(task_id) if task_id else None

@@ -1,9 +1,8 @@
 """The flusher: one thread per process and mirror, writing the journal in group commits.
 
 Batches start at most once every ``flush_interval`` seconds (a full batch is
-followed by the next at once): an event that comes within an interval of the
-last batch waits for the others of its interval, which is what makes one commit
-serve many events under load; one that comes after an idle spell goes at once. While the
+followed by the next at once): the first event of a group waits for the others
+of its interval, which is what makes one commit serve many events. While the
 database is away the thread backs off, doubling its wait up to two seconds.
 Between batches it adopts the journals of processes that are gone and prunes
 the delivery ledger, each when it is due. It never dies of an error: what it
@@ -114,14 +113,8 @@ class Flusher:
                     self.adopt_interval if due is None else min(due - now, self.adopt_interval)
                 )
                 if self._wake.wait(timeout) and not self._closing:
-                    # The first event since the last batch. Within an interval of that
-                    # batch it waits out the interval, so the events behind it share a
-                    # commit (under load every event is such a one); after an idle spell
-                    # it goes at once: a lone task's end, or its result a reader waits
-                    # for, is not kept back for company that is not coming.
-                    pause = last + (delay if self._outage.ongoing else self.flush_interval)
-                    if pause > time.time():
-                        self._stop.wait(pause - time.time())
+                    # The first event of a group: let the others of this interval join it.
+                    self._stop.wait(max(self.flush_interval, gap))
             if self._closing:
                 return
             last = time.time()

@@ -181,10 +181,13 @@ class Batches:
         self, c: sa.Connection, written: Sequence[NewStep]
     ) -> dict[str, dt.datetime]:
         """Runs whose chord's body is now written: each may complete now (if its steps all
-        succeeded), though none of its own steps ended in this batch."""
-        if not written:
+        succeeded), though none of its own steps ended in this batch.
+
+        A body follows a header task in that task's run, so only such steps are looked up:
+        a lone task's publish stays one statement."""
+        at = {s.step_id: s.at for s in written if s.run_workflow is None and s.parent_step_id}
+        if not at:
             return {}
-        at = {s.step_id: s.at for s in written}
         held = c.execute(sql.batches.runs_held_by_bodies, {"body_ids": sorted(at)}).scalars()
         latest = max(at.values())
         return dict.fromkeys(held.all(), latest)

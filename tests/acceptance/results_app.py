@@ -102,3 +102,8 @@ def total(values: list[int]) -> int:
 def failed_part(task_id: str) -> str:
     """An old-style errback: Celery publishes it with the failed task's id."""
     return f"noted {task_id}"
+
+
+@pikku.step(name="results.sum_step", shared=False)
+def sum_step(values: list[int]) -> int:
+    return sum(values)

@@ -7,7 +7,6 @@ and checked against the attempt rows the mirror wrote in the same transactions.
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -26,9 +25,8 @@ from celery.result import AsyncResult, GroupResult
 
 from pikku_celery import PikkuCelery, WorkflowStore
 from pikku_celery.errors import ConfigurationError
-from tests.acceptance.conftest import BROKERS, ROOT, Worker, worker_running
-
-QUEUE = f"results-{uuid.uuid4().hex[:8]}"
+from tests.acceptance.conftest import ROOT, Worker, worker_running
+from tests.acceptance.results_loading import QUEUE, results_app
 
 
 @pytest.fixture(scope="module", params=["postgresql", "sqlite"])
@@ -41,20 +39,9 @@ def results(
     else:
         url = f"sqlite:///{tmp / 'results.db'}"
         WorkflowStore(url).init()
-    os.environ.update(
-        RESULTS_DATABASE_URL=url, RESULTS_QUEUE=QUEUE, RESULTS_BROKER_URL=BROKERS["redis"][0]
-    )
-    # This store's app: the module reads its URL when it is imported, once per store.
-    sys.modules.pop("tests.acceptance.results_app", None)
-    module = importlib.import_module("tests.acceptance.results_app")
-    try:
+    with results_app(url) as module:
         with worker_running(module, "redis", tmp, concurrency=1, queues=QUEUE) as worker:
             yield module, worker
-    finally:
-        module.pikku.uninstall()
-        module.pikku.mirror.close()
-        module.pikku.store.close()
-        module.app.close()
 
 
 def test_get_returns_the_value_once_sql_shows_the_attempt_succeeded(

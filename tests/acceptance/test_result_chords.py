@@ -7,9 +7,6 @@ PostgreSQL and SQLite stores on Redis, and PostgreSQL on RabbitMQ.
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -20,8 +17,8 @@ from celery import chain, chord, group
 from celery.exceptions import ChordError
 
 from pikku_celery import WorkflowStore
-from tests.acceptance.conftest import BROKERS, Worker, worker_running
-from tests.acceptance.test_result_backend import QUEUE
+from tests.acceptance.conftest import Worker, worker_running
+from tests.acceptance.results_loading import QUEUE, results_app
 
 
 @pytest.fixture(
@@ -39,19 +36,9 @@ def results(
     else:
         url = f"sqlite:///{tmp / 'results.db'}"
         WorkflowStore(url).init()
-    os.environ.update(
-        RESULTS_DATABASE_URL=url, RESULTS_QUEUE=QUEUE, RESULTS_BROKER_URL=BROKERS[broker][0]
-    )
-    sys.modules.pop("tests.acceptance.results_app", None)
-    module = importlib.import_module("tests.acceptance.results_app")
-    try:
+    with results_app(url, broker) as module:
         with worker_running(module, broker, tmp, concurrency=2, queues=QUEUE) as worker:
             yield module, worker
-    finally:
-        module.pikku.uninstall()
-        module.pikku.mirror.close()
-        module.pikku.store.close()
-        module.app.close()
 
 
 def fired_at(app: ModuleType, group_id: str) -> Any:
@@ -109,3 +96,19 @@ def test_a_chord_of_two_hundred_parts_fires_once(results: tuple[ModuleType, Work
     sent: Any = chord([app.plain_add.s(n, 1) for n in range(200)], app.total.s()).apply_async()
     assert sent.get(timeout=120) == sum(n + 1 for n in range(200))
     assert worker.log.read_text().count(f"results.total[{sent.id}] succeeded") == 1
+
+
+def test_a_chord_in_a_run_ends_the_run_with_its_body_which_joins_that_run(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, worker = results
+    run_id = app.pikku.run(
+        chord([app.add.s(n, n) for n in range(3)], app.sum_step.s()), name="totals"
+    )
+    run = worker.wait_for_run(run_id, timeout=60)
+    assert (run.status, run.output) == ("completed", 6)
+    steps = {s.rpc_name: s.status for s in app.pikku.store.list_step_states(run_id)}
+    assert steps == {"results.add": "succeeded", "results.sum_step": "succeeded"}
+    # A body that is no step (a plain task under mirror="steps") holds nothing open.
+    plain = app.pikku.run(chord([app.add.s(1, 1)], app.total.s()), name="plain body")
+    assert worker.wait_for_run(plain, timeout=60).status == "completed"

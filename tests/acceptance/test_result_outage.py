@@ -7,9 +7,6 @@ stops); the reading process (this one) reads the database directly.
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 import time
 from collections.abc import Iterator
 from types import ModuleType
@@ -19,31 +16,21 @@ import pytest
 from celery.result import AsyncResult
 
 from pikku_celery.mirror.journal import journal_depth
-from tests.acceptance.conftest import BROKERS, wait_until, worker_running
+from tests.acceptance.conftest import wait_until, worker_running
+from tests.acceptance.results_loading import QUEUE, results_app
 from tests.acceptance.test_db_outage import proxied_database
-from tests.acceptance.test_result_backend import QUEUE
 
 TASKS = 20
 
 
 @pytest.fixture
-def results_app(pg_url: str) -> Iterator[ModuleType]:
-    os.environ.update(
-        RESULTS_DATABASE_URL=pg_url, RESULTS_QUEUE=QUEUE, RESULTS_BROKER_URL=BROKERS["redis"][0]
-    )
-    sys.modules.pop("tests.acceptance.results_app", None)
-    module = importlib.import_module("tests.acceptance.results_app")
-    try:
+def loaded(pg_url: str) -> Iterator[ModuleType]:
+    with results_app(pg_url) as module:
         yield module
-    finally:
-        module.pikku.uninstall()
-        module.pikku.mirror.close()
-        module.pikku.store.close()
-        module.app.close()
 
 
 def test_results_of_tasks_that_end_while_the_database_is_away_wait_and_then_arrive(
-    results_app: ModuleType, pg_url: str, tmp_path_factory: pytest.TempPathFactory
+    loaded: ModuleType, pg_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     tmp = tmp_path_factory.mktemp("result-outage")
     with proxied_database(pg_url, tmp) as (proxy, env):
@@ -53,11 +40,11 @@ def test_results_of_tasks_that_end_while_the_database_is_away_wait_and_then_arri
             "PIKKU_JOURNAL_DIR": str(spool),
         }
         with worker_running(
-            results_app, "redis", tmp, concurrency=1, extra_env=worker_env, queues=QUEUE
+            loaded, "redis", tmp, concurrency=1, extra_env=worker_env, queues=QUEUE
         ) as worker:
-            assert results_app.add.delay(0, 0).get(timeout=30) == 0  # all is well first
+            assert loaded.add.delay(0, 0).get(timeout=30) == 0  # all is well first
             proxy.cut()
-            sent = [results_app.add.delay(n, n) for n in range(TASKS)]
+            sent = [loaded.add.delay(n, n) for n in range(TASKS)]
             # Every task ran and ended: their events, results among them, wait on disk.
             wait_until(
                 lambda: worker.log.read_text().count("succeeded in") >= TASKS + 1,
@@ -65,7 +52,7 @@ def test_results_of_tasks_that_end_while_the_database_is_away_wait_and_then_arri
             )
             assert journal_depth(spool) > 0
             time.sleep(0.5)
-            states = {AsyncResult(s.id, app=results_app.app).state for s in sent}
+            states = {AsyncResult(s.id, app=loaded.app).state for s in sent}
             assert states == {"PENDING"}, "a result was seen before it was in SQL"
             proxy.restore()
             values = [s.get(timeout=60) for s in sent]
@@ -73,7 +60,7 @@ def test_results_of_tasks_that_end_while_the_database_is_away_wait_and_then_arri
 
     assert values == [2 * n for n in range(TASKS)]
     for s in sent:
-        fresh: Any = AsyncResult(s.id, app=results_app.app)
+        fresh: Any = AsyncResult(s.id, app=loaded.app)
         assert fresh.state == "SUCCESS"
         [attempt] = worker.store.get_run_history(s.id)
         assert attempt.status == "succeeded"

@@ -7,9 +7,6 @@ The json, uncompressed case is ``test_result_backend``'s; here are the others.
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -19,8 +16,8 @@ import sqlalchemy as sa
 from celery import group
 from celery.backends import base
 
-from tests.acceptance.conftest import BROKERS, Worker, worker_running
-from tests.acceptance.test_result_backend import QUEUE
+from tests.acceptance.conftest import Worker, worker_running
+from tests.acceptance.results_loading import QUEUE, results_app
 
 # What Celery puts before a compressed payload (no stub names it).
 COMPRESSED_PAYLOAD_MAGIC: bytes = getattr(base, "COMPRESSED_PAYLOAD_MAGIC")  # noqa: B009
@@ -41,25 +38,9 @@ def configured(
 ) -> Iterator[tuple[ModuleType, Worker, str | None]]:
     serializer, compression, broker = request.param
     tmp = tmp_path_factory.mktemp(f"results-{serializer}")
-    os.environ.update(
-        RESULTS_DATABASE_URL=pg_url,
-        RESULTS_QUEUE=QUEUE,
-        RESULTS_BROKER_URL=BROKERS[broker][0],
-        RESULTS_SERIALIZER=serializer,
-        RESULTS_COMPRESSION=compression or "",
-    )
-    sys.modules.pop("tests.acceptance.results_app", None)
-    module = importlib.import_module("tests.acceptance.results_app")
-    try:
+    with results_app(pg_url, broker, serializer=serializer, compression=compression) as module:
         with worker_running(module, broker, tmp, concurrency=1, queues=QUEUE) as worker:
             yield module, worker, compression
-    finally:
-        for name in ("RESULTS_SERIALIZER", "RESULTS_COMPRESSION"):
-            os.environ.pop(name, None)
-        module.pikku.uninstall()
-        module.pikku.mirror.close()
-        module.pikku.store.close()
-        module.app.close()
 
 
 def stored_meta(module: ModuleType, task_id: str) -> bytes:

@@ -274,29 +274,3 @@ def test_events_set_aside_are_written_by_journal_replay_once_their_cause_is_fixe
     assert store.get_step_state(step_id, "charge").status == "scheduled"
     assert not list(mirror.journal_folder.glob("*.journal"))
     store.close()
-
-
-def test_an_event_after_an_idle_spell_goes_at_once_and_those_close_behind_a_batch_share_one(
-    tmp_path: Path,
-) -> None:
-    store = WorkflowStore(f"sqlite:///{tmp_path / 'idle.db'}")
-    store.init()
-    # An interval far longer than any write: what is written before it ends went at once.
-    mirror = CeleryMirror(store, journal_dir=tmp_path / "journals", flush_interval=30.0)
-    try:
-        lone = str(uuid.uuid4())
-        mirror.published(step(lone))
-        wait_for(lambda: mirror.journal_depth == 0, timeout=10)
-        assert mirror.delivery.stats().batches == 1
-
-        # Right behind that batch: these wait out its interval and go in one batch.
-        mirror.started(lone, 1, worker="w", pid=1)
-        mirror.succeeded(lone, lone, 1, {"paid": True})
-        time.sleep(0.5)
-        assert mirror.journal_depth == 2
-        assert mirror.delivery.stats().batches == 1
-        mirror.close()  # writes what is due
-        assert store.get_step_state(lone, "charge").status == "succeeded"
-    finally:
-        mirror.close()
-        store.close()
