@@ -27,7 +27,9 @@ apps = []
 for i in range(count):
     app = Celery(f"a{i}", broker="memory://", backend="cache+memory://")
     pikku = PikkuCelery(app, database_url=url, mirror="all") if mirrored else None
-    task = app.task(name=f"t{i}")(lambda: 1)
+    @app.task(name=f"t{i}")
+    def task():
+        return 1
     task.delay()
     apps.append((app, pikku))
 time.sleep(0.5)
