@@ -250,7 +250,10 @@ def test_two_worker_containers_on_one_store_make_no_duplicate_attempts(
     assert len(attempts) == tasks
     assert {(a.attempt, a.status, a.delivery_count) for a in attempts} == {(1, "succeeded", 1)}
     steps = pikku_app.pikku.store.list_step_states(run_id)
-    assert len({s.step_name for s in steps}) == tasks
+    # Named in the order they were published, whichever worker ran which.
+    by_n = {s.data["args"][0]: s.step_name for s in steps}
+    base = by_n[0]
+    assert by_n == {n: base if n == 0 else f"{base}#{n + 1}" for n in range(tasks)}
     assert sorted(a.result for a in attempts) == [n + 1 for n in range(tasks)]
     hosts = {
         f"pikku_worker@{c.attrs['Config']['Hostname']}"
