@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from pikku_celery.store import sql
 from pikku_celery.store.common import now
-from pikku_celery.store.connector import Connector
+from pikku_celery.store.connector import Connector, by_dialect
 from pikku_celery.store.mirror_batch import FiredChord, ResultWrite
 from pikku_celery.store.result_watch import CHANNEL, ResultWatch, notify_payload, watch_results
 
@@ -41,6 +41,10 @@ class Results:
         self._lock_chord = sql.results.lock_chord(db.dialect)
         self._insert_chord = sql.results.insert_chord(db.dialect)
         self._insert_parts = sql.results.insert_chord_parts(db.dialect)
+        # Readers waiting on PostgreSQL are told at COMMIT; SQLite's see data_version move.
+        self._notify: sa.Executable | None = by_dialect(
+            db.dialect, {"postgresql": sql.results.notify, "sqlite": None}
+        )
 
     def write(
         self, rows: Sequence[ResultWrite], *, conn: sa.Connection | None = None
@@ -63,10 +67,9 @@ class Results:
         ready = [r.task_id for r in rows if r.status in sql.results.READY_STATES]
         with self._db.write(conn) as c:
             c.execute(self._write, params)
-            if ready and self._db.dialect == "postgresql":
+            if ready and self._notify is not None:
                 # Delivered at COMMIT, to the readers waiting for these ids (result_watch).
-                notice = {"channel": CHANNEL, "payload": notify_payload(ready)}
-                c.execute(sql.results.notify, notice)
+                c.execute(self._notify, {"channel": CHANNEL, "payload": notify_payload(ready)})
             return self._complete_chords(c, ready, rows[0].at) if ready else []
 
     def _complete_chords(
