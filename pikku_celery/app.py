@@ -17,8 +17,10 @@ from celery.canvas import Signature
 
 from pikku_celery.durations import format_duration, parse_duration
 from pikku_celery.errors import ConfigurationError
+from pikku_celery.faults import crash_point
 from pikku_celery.integration import signals
 from pikku_celery.integration.backend import SCHEME, PikkuBackend, expire_results
+from pikku_celery.integration.chords import RESEND_AFTER, resume_chords
 from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
@@ -95,6 +97,7 @@ class PikkuCelery:
         self.mirror.check_journal()
         self.workflows = WorkflowEngine(app, self.mirror)
         self._upkeep: Upkeep | None = None
+        self._upkeep_pid = 0
         # Task events stay the user's choice: Flower needs them, the mirror does not.
         reap_task = as_task_function(self._reap_task)
         app.task(name=REAP_TASK, ignore_result=True, shared=False)(reap_task)
@@ -121,10 +124,17 @@ class PikkuCelery:
                 extra={"action": "chord_without_backend"},
             )
             return
+        crash_point("before_chord_send", "batch")
         backend.fire_chords(chords)
 
-    def _expire_results(self) -> int:
-        return expire_results(self.app, self.store)
+    def _results_upkeep(self) -> int:
+        """The reaper's pass over results: one step of expiry, and chords left unsent."""
+        gone = expire_results(self.app, self.store)
+        backend = self.app.backend
+        if isinstance(backend, PikkuBackend):
+            resend_after = float(self.app.conf.get("pikku_chord_resend_after") or RESEND_AFTER)
+            resume_chords(backend, resend_after=resend_after)
+        return gone
 
     def uninstall(self) -> None:
         """Stop mirroring this app's tasks in this process (``PikkuCelery(app)`` installed it).
@@ -334,6 +344,7 @@ class PikkuCelery:
         ``app.conf.pikku_reaper_options`` (a dict of :class:`Reaper` arguments)
         tunes the workers' passes; they look at attempts idle for 1 s.
         """
+        self._upkeep_pid = os.getpid()
         if self._upkeep is None:
             options = {"idle_for": 1.0, **(self.app.conf.get("pikku_reaper_options") or {})}
             self._upkeep = Upkeep(
@@ -343,10 +354,15 @@ class PikkuCelery:
                 interval=self.reaper_interval,
                 recover=self.workflows.recover if self.workflows.workflows else None,
                 recovery_lease=self.workflows.recovery_lease,
-                expire=self._expire_results if self._results_here() else None,
+                expire=self._results_upkeep if self._results_here() else None,
             )
             self._upkeep.note_start()
         return self._upkeep
+
+    @property
+    def runs_upkeep(self) -> bool:
+        """This is the process of a worker that runs its upkeep (its main process)."""
+        return self._upkeep is not None and self._upkeep_pid == os.getpid()
 
     def start_upkeep(self, hostname: str) -> Upkeep:
         """Once the worker is ready: recovery, then the reaper at intervals, in a thread."""

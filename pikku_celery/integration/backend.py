@@ -27,9 +27,10 @@ from celery import states
 from celery.backends.base import BaseBackend
 from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import result_from_tuple
+from kombu.exceptions import EncodeError
 from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
-from pikku_celery.errors import ConfigurationError, StepNotFound
+from pikku_celery.errors import ConfigurationError, PayloadTooLarge, StepNotFound
 from pikku_celery.integration import replace
 from pikku_celery.integration.chords import chord_parts, fire_chords
 from pikku_celery.integration.installed import installed_on
@@ -45,7 +46,14 @@ from pikku_celery.store import (
     same_database,
 )
 
-__all__ = ["EXPIRE_BATCH", "SCHEME", "PikkuBackend", "expire_results", "take_stashed"]
+__all__ = [
+    "EXPIRE_BATCH",
+    "SCHEME",
+    "PikkuBackend",
+    "ResultTooLarge",
+    "expire_results",
+    "take_stashed",
+]
 
 SCHEME: Final = "pikku"
 #: Results (and groups) deleted per statement when they expire: short transactions.
@@ -63,6 +71,10 @@ _BRISK_CAP: Final = 0.05
 _TOLD_AT_LEAST: Final = 1.0
 #: The app setting that turns the pushed wait off (``pikku_result_notify = False``).
 NOTIFY_SETTING: Final = "pikku_result_notify"
+
+
+class ResultTooLarge(EncodeError, PayloadTooLarge):
+    """A task's result is larger than the store accepts; Celery fails the task with it."""
 
 
 def _url_of(url: str | None) -> str | None:
@@ -160,18 +172,35 @@ class PikkuBackend(BaseBackend):
             result=result, state=state, traceback=traceback, request=request
         )
         meta["task_id"] = bytes_to_str(task_id)
+        encoded = ensure_bytes(self.encode(meta))
+        limit = self.store.codec.max_bytes
+        if len(encoded) > limit:
+            too_large = ResultTooLarge(
+                f"The {state} result of task {task_id} is {len(encoded)} bytes encoded, over "
+                f"the store's limit of {limit}: return a reference to the data (a key, a path) "
+                "instead of the data itself, or raise the store's max_payload_bytes."
+            )
+            if state != states.FAILURE:
+                # Celery fails a task whose result cannot be encoded (EncodeError): the task
+                # ends FAILURE with this error, and nothing of the large value is written.
+                raise too_large
+            meta = self._get_result_meta(
+                result=too_large, state=state, traceback=None, request=request
+            )
+            meta["task_id"] = bytes_to_str(task_id)
+            encoded = ensure_bytes(self.encode(meta))
         row = ResultWrite(
             task_id=str(task_id),
             attempt=_attempt(request, task_id),
             status=state,
-            meta=ensure_bytes(self.encode(meta)),
+            meta=encoded,
             at=now(),
             date_done=_date(meta.get("date_done")),
         )
         pikku = installed_on(self.app)
         if pikku is None:
             # No journal in this process: one write now, and a chord it completes fires.
-            fire_chords(self, self.store.results.write([row]))
+            self.fire_chords(self.store.results.write([row]))
         elif state in _AFTER_THE_ATTEMPT and _running(request, task_id):
             setattr(request, _STASH, row)  # journaled by task_postrun, after the attempt
         else:
@@ -187,16 +216,39 @@ class PikkuBackend(BaseBackend):
         last part's result fires it (``integration/chords.py``)."""
         self.ensure_chords_allowed()
         header = self.app.GroupResult(*header_result_args)
-        self.store.results.apply_chord(
-            str(header.id), chord_parts(header), ensure_bytes(self.encode(body))
-        )
+        group_id, parts = str(header.id), chord_parts(header)
+        encoded = ensure_bytes(self.encode(body))
+        pikku = installed_on(self.app)
+        if pikku is None:
+            self.store.results.apply_chord(group_id, parts, encoded)
+        else:
+            # Journaled like a result: publishing a chord needs no database round trip, and
+            # it lands in SQL no later than the first result of its header.
+            pikku.mirror.chord_applied(group_id, parts, encoded)
+
+    def add_to_chord(self, chord_id: str, result: Any) -> None:
+        """``Task.add_to_chord``: the chord waits for one more part, journaled (before that
+        task is published and before the adding task's own result)."""
+        pikku = installed_on(self.app)
+        if pikku is None:
+            self.store.results.add_to_chords([(str(chord_id), str(result.id))])
+        else:
+            pikku.mirror.chord_extended(str(chord_id), str(result.id))
 
     def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
         """Nothing: a part counts when its result is in SQL, in that result's transaction."""
 
     def fire_chords(self, chords: Sequence[FiredChord]) -> None:
-        """Send the bodies of chords whose parts are all done (after their COMMIT)."""
-        fire_chords(self, chords)
+        """Send the bodies of chords whose parts are all done (after their COMMIT), and
+        note each as sent: through the journal, or in SQL in a process without one."""
+        pikku = installed_on(self.app)
+        if pikku is not None:
+            fire_chords(self, chords, pikku.mirror.chord_sent)
+        else:
+            fire_chords(self, chords, self._mark_sent)
+
+    def _mark_sent(self, group_id: str) -> None:
+        self.store.results.mark_sent([(group_id, now())])
 
     def cleanup(self) -> None:
         """What Celery's ``celery.backend_cleanup`` (beat) calls: every expired result goes.
@@ -220,10 +272,28 @@ class PikkuBackend(BaseBackend):
 
     def _get_task_meta_for(self, task_id: str) -> dict[str, Any]:
         stored = self.store.results.get(str(task_id))
+        if (stored is None or stored.status not in states.READY_STATES) and self._adopted():
+            stored = self.store.results.get(str(task_id))
         if stored is None:
             return {"status": states.PENDING, "result": None}
         meta: dict[str, Any] = self.decode_result(stored.meta)
         return meta
+
+    def _adopted(self) -> bool:
+        """In a worker's main process, the journals of its dead pool processes written now.
+
+        The main process asks whether a task whose pool process died had stored its
+        success (Celery's ``Request.on_failure`` then records no failure): that success
+        may still be in the dead process's journal, written within seconds by adoption.
+        Only the main process does this, and only for a result not ready: it reads the
+        journals of the processes that are gone first."""
+        pikku = installed_on(self.app)
+        if pikku is None or not pikku.runs_upkeep:
+            return False
+        # Returns once no adoption of this process is under way (the flusher's may have
+        # taken the journal first): what it wrote is committed by then.
+        pikku.mirror.adopt_orphans()
+        return True
 
     def _restore_group(self, group_id: str) -> dict[str, Any] | None:
         payload = self.store.results.get_group(str(group_id))

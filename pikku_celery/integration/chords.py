@@ -6,15 +6,18 @@ before any header task is published. The batch that writes the last of the parts
 results claims the firing, once, in its own transaction; once it has committed,
 the process that wrote it sends the body with the header's results in header order,
 read in one query, or fails it with ``ChordError`` and runs its errbacks when a
-part failed, as Celery's own backends do.
+part failed, as Celery's own backends do, and journals that the body is out. The
+reaper fires what no batch could and sends again a body that was claimed and never
+said sent: at least once, under the body's frozen task id.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final
 
 from celery import states
 from celery.canvas import maybe_signature
@@ -23,11 +26,18 @@ from celery.result import AsyncResult, GroupResult, ResultBase
 
 from pikku_celery.errors import StepNotFound
 from pikku_celery.integration.run_context import RunContext, current_run
-from pikku_celery.store import FiredChord
+from pikku_celery.store import FiredChord, now
 
-__all__ = ["chord_parts", "fire_chords"]
+__all__ = ["RESEND_AFTER", "chord_parts", "fire_chords", "resume_chords"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds after its firing was claimed that a chord never said sent is sent again
+#: (``pikku_chord_resend_after``): its sent mark travels the journal of the process that
+#: sent it, so this is well past that journal's flush lag.
+RESEND_AFTER: Final = 30.0
+# Seconds a chord whose parts are all done may wait for a batch to fire it.
+_DUE_AFTER: Final = 5.0
 
 
 def chord_parts(header: ResultBase) -> list[str]:
@@ -41,17 +51,42 @@ def chord_parts(header: ResultBase) -> list[str]:
     return []
 
 
-def fire_chords(backend: Any, chords: Iterable[FiredChord]) -> None:
-    """Send each chord's body, or fail it; a chord's failure never stops the others."""
+def fire_chords(backend: Any, chords: Iterable[FiredChord], sent: Callable[[str], object]) -> None:
+    """Send each chord's body, or fail it, then tell ``sent`` its id; a chord's failure
+    never stops the others, and one not told is sent again by the reaper."""
     for chord in chords:
         try:
             _fire(backend, chord)
         except Exception:
             logger.exception(
-                "pikku-celery could not send the body of chord %s",
+                "pikku-celery could not send the body of chord %s; the reaper sends it again",
                 chord.group_id,
                 extra={"action": "chord_fire_failed", "group_id": chord.group_id},
             )
+        else:
+            sent(chord.group_id)
+
+
+def resume_chords(backend: Any, *, resend_after: float) -> int:
+    """The reaper's part: fire the chords whose firing no batch claimed (the chord and its
+    last result landed at once, in two transactions), and send again the bodies of chords
+    claimed ``resend_after`` seconds ago and never said sent (the process that claimed one
+    died between its COMMIT and the publish). Returns how many it fired."""
+    results = backend.store.results
+    at = now()
+    due = results.finish_due_chords(at - dt.timedelta(seconds=_DUE_AFTER))
+    unsent = results.unsent_chords(at - dt.timedelta(seconds=resend_after))
+    for chord in unsent:
+        logger.warning(
+            "pikku-celery sends the body of chord %s again: it was claimed %s and never said sent",
+            chord.group_id,
+            f"over {resend_after:g} s ago",
+            extra={"action": "chord_resent", "group_id": chord.group_id},
+        )
+    chords = [*due, *unsent]
+    if chords:
+        backend.fire_chords(chords)
+    return len(chords)
 
 
 def _fire(backend: Any, chord: FiredChord) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Final, NamedTuple
 from celery import current_task, signals, states
 from celery.exceptions import Reject, Retry
 
+from pikku_celery.faults import crash_point
 from pikku_celery.integration import control, installed, replace
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.backend import take_stashed
@@ -231,13 +232,18 @@ def _journal_result(task: Any) -> None:
     pikku = installed_on(getattr(task, "app", None))
     if row is not None and pikku is not None:
         pikku.mirror.result_stored(row.task_id, row.attempt, row.status, row.meta, row.date_done)
+        crash_point("after_result_journaled", str(getattr(task, "name", "")))
 
 
 def _chord_body(body: Any) -> str | None:
     """The task id of the body of the chord a message is a header task of: protocol 2
     embeds the body's frozen signature, whatever finishes the chord later."""
     embed = body[2] if isinstance(body, list | tuple) and len(body) >= 3 else None
-    chord = embed.get("chord") if isinstance(embed, dict) else None
+    return _awaited_body(embed.get("chord") if isinstance(embed, dict) else None)
+
+
+def _awaited_body(chord: Any) -> str | None:
+    """The task id of a chord's body (its frozen signature) if it becomes a step."""
     if not isinstance(chord, dict) or chord.get("subtask_type") is not None:
         # A group's or chain's frozen id is no step's: only a lone task's body is awaited.
         return None
@@ -439,6 +445,7 @@ def task_failure(
         "failed",
         error,
         orchestrated=orchestrated,
+        chord_body=_awaited_body(getattr(request, "chord", None)),
     )
 
 
@@ -466,7 +473,14 @@ def task_revoked(
     }
     step_id = str(request.id)
     run_id = h.from_request(request, h.RUN_ID) or step_id
-    pikku.mirror.ended(run_id, step_id, replace.attempt_of(request), "cancelled", error)
+    pikku.mirror.ended(
+        run_id,
+        step_id,
+        replace.attempt_of(request),
+        "cancelled",
+        error,
+        chord_body=_awaited_body(getattr(request, "chord", None)),
+    )
 
 
 @_isolated

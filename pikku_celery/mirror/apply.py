@@ -12,7 +12,10 @@ once, as succeeded, with both times). Which rows an event moves:
 - ``AttemptEnded``: attempt K failed or cancelled, and so does its run;
 - ``AttemptReplaced``: attempt K handed its task id to its replacement, with whose end it ends;
 - ``ResultStored``: Celery's view of a task, for ``backend="pikku://"``, written with the
-  attempt it belongs to.
+  attempt it belongs to;
+- ``ChordApplied``: a chord for ``backend="pikku://"`` to finish, written before its parts;
+- ``ChordExtended``: a header task added a task to its chord (``Task.add_to_chord``);
+- ``ChordSent``: a fired chord's body is out, and is never sent again.
 
 A step a worker ran that no publisher recorded is adopted: at once when the
 message came from a process without pikku-celery, after ``grace`` seconds
@@ -34,6 +37,9 @@ from pikku_celery.mirror.events import (
     AttemptRetried,
     AttemptStarted,
     AttemptSucceeded,
+    ChordApplied,
+    ChordExtended,
+    ChordSent,
     MirrorEvent,
     ResultStored,
     StepDispatched,
@@ -42,6 +48,7 @@ from pikku_celery.mirror.events import (
 from pikku_celery.store import (
     NEXT_ATTEMPT_GAP,
     STATUS_RANK,
+    ChordWrite,
     Handover,
     MirrorBatch,
     NewStep,
@@ -245,12 +252,20 @@ class _Planner:
         if event.status == "failed":  # for good: Celery retries it no more
             self.attempt(event.step_id, event.attempt).gave_up = True
         kind: Any = "replay" if event.orchestrated else event.status
-        self.outcome(event.step_id, event.run_id, kind, event.at, event.error_json)
+        self.outcome(
+            event.step_id, event.run_id, kind, event.at, event.error_json, event.chord_body
+        )
 
     def outcome(
-        self, step_id: str, run_id: str | None, kind: Any, at: float, error: str | None = None
+        self,
+        step_id: str,
+        run_id: str | None,
+        kind: Any,
+        at: float,
+        error: str | None = None,
+        chord_body: str | None = None,
     ) -> None:
-        self.batch.outcomes.append(RunOutcome(step_id, run_id, kind, moment(at), error))
+        self.batch.outcomes.append(RunOutcome(step_id, run_id, kind, moment(at), error, chord_body))
 
     def finish(self) -> MirrorBatch:
         self.batch.transitions = [row.transition() for row in self._attempts.values() if row.seen]
@@ -289,6 +304,19 @@ def plan(pending: Sequence[Pending]) -> MirrorBatch:
                     date_done=_maybe(event.date_done),
                 )
             )
+        elif isinstance(event, ChordApplied):
+            planner.batch.chords.append(
+                ChordWrite(
+                    group_id=event.step_id,
+                    parts=tuple(event.parts),
+                    body=base64.b64decode(event.body_b64),
+                    at=moment(event.at),
+                )
+            )
+        elif isinstance(event, ChordExtended):
+            planner.batch.chord_parts.append((event.step_id, event.part))
+        elif isinstance(event, ChordSent):
+            planner.batch.chords_sent.append((event.step_id, moment(event.at)))
         else:  # pragma: no cover - decode() makes only the kinds above
             raise TypeError(f"not a mirror event: {event!r}")
     return planner.finish()

@@ -19,7 +19,7 @@ from typing import Final
 from pikku_celery.errors import StoreConflict
 from pikku_celery.mirror.apply import Pending, plan
 from pikku_celery.mirror.deferral import Deferral
-from pikku_celery.mirror.events import decode
+from pikku_celery.mirror.events import ResultStored, decode
 from pikku_celery.mirror.journal import Journal, JournalEntry
 from pikku_celery.mirror.outage import Outage, an_outage
 from pikku_celery.store import FiredChord, WorkflowStore
@@ -65,6 +65,9 @@ class BatchWriter:
         self._committed = committed
         self._fired = fired
         self._lock = threading.Lock()
+        # Per journal, the steps with events deferred in it: a result of such a step waits
+        # behind them, so it is never in SQL before the attempt it belongs to.
+        self._held: dict[str, set[str]] = {}
         self.written = self.batches = 0
         self.lags: deque[float] = deque(maxlen=_LAG_SAMPLES)
 
@@ -113,7 +116,27 @@ class BatchWriter:
                 continue
             waited = entry.deferred_since is not None and now - entry.deferred_since > grace
             pending.append(Pending(entry.seq, event, waited))
-        self._write_pending(journal, pending, {e.seq: e for e in entries})
+        by_seq = {e.seq: e for e in entries}
+        behind = self._behind_their_step(journal, pending)
+        if behind:
+            self._deferral.defer(journal, behind, by_seq, now)
+            pending = [p for p in pending if p not in behind]
+        self._write_pending(journal, pending, by_seq)
+
+    def _behind_their_step(self, journal: Journal, pending: Sequence[Pending]) -> list[Pending]:
+        """Results whose step has an earlier event deferred in this journal, not in this
+        batch: they wait for it (journal order is the attempt's, then its result)."""
+        held = self._held.get(str(journal.path))
+        if not held:
+            return []
+        present = {p.event.step_id for p in pending if not isinstance(p.event, ResultStored)}
+        return [
+            p
+            for p in pending
+            if isinstance(p.event, ResultStored)
+            and p.event.step_id in held
+            and p.event.step_id not in present
+        ]
 
     def _write_pending(
         self, journal: Journal, pending: Sequence[Pending], entries: Mapping[int, JournalEntry]
@@ -138,6 +161,9 @@ class BatchWriter:
         done = [p for p in pending if p.event.step_id not in result.missing]
         journal.remove(p.seq for p in done)
         self._deferral.defer(journal, waiting, entries, committed)
+        held = self._held.setdefault(str(journal.path), set())
+        held.difference_update(p.event.step_id for p in done)
+        held.update(p.event.step_id for p in waiting)
         self.written += len(done)
         self.batches += 1
         self.lags.extend(committed - p.event.at for p in done)

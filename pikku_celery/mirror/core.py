@@ -16,7 +16,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -40,6 +40,9 @@ from pikku_celery.mirror.events import (
     AttemptRetried,
     AttemptStarted,
     AttemptSucceeded,
+    ChordApplied,
+    ChordExtended,
+    ChordSent,
     MirrorEvent,
     ResultStored,
     StepDispatched,
@@ -431,6 +434,27 @@ class CeleryMirror:
             )
         )
 
+    def chord_applied(self, group_id: str, parts: Sequence[str], body: bytes) -> None:
+        """A chord for ``backend="pikku://"`` to finish, before its header is published:
+        journaled, so publishing a chord needs no database."""
+        self._append(
+            ChordApplied(
+                id=new_event_id(),
+                at=time.time(),
+                step_id=group_id,
+                parts=tuple(parts),
+                body_b64=base64.b64encode(body).decode("ascii"),
+            )
+        )
+
+    def chord_extended(self, group_id: str, part: str) -> None:
+        """A header task added task ``part`` to its chord, before publishing it."""
+        self._append(ChordExtended(id=new_event_id(), at=time.time(), step_id=group_id, part=part))
+
+    def chord_sent(self, group_id: str) -> None:
+        """A fired chord's body is out: the reaper never sends it again."""
+        self._append(ChordSent(id=new_event_id(), at=time.time(), step_id=group_id))
+
     def replaced(self, step_id: str, attempt: int, replaced_by: str) -> None:
         """Attempt K replaced itself; task ``replaced_by`` carries its task id on."""
         self._append(
@@ -452,8 +476,10 @@ class CeleryMirror:
         error: Mapping[str, Any],
         *,
         orchestrated: bool = False,
+        chord_body: str | None = None,
     ) -> None:
-        """Attempt K ended for good (``failed`` or ``cancelled``): so do its step and run.
+        """Attempt K ended for good (``failed`` or ``cancelled``): so do its step and run,
+        and the run a chord of it holds (``chord_body``: the chord's body, never sent now).
 
         ``attempt``/``run_id`` None: the step's current attempt and its run.
         """
@@ -467,6 +493,7 @@ class CeleryMirror:
                 status=status,
                 error_json=self._json(dict(error), "error"),
                 orchestrated=orchestrated,
+                chord_body=chord_body,
             )
         )
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from pikku_celery.errors import StoreError
 from pikku_celery.mirror.batches import BATCH_SIZE, BatchWriter, ChordsFired, Committed
 from pikku_celery.mirror.deferral import GRACE, Deferral
-from pikku_celery.mirror.events import MirrorEvent, encode
+from pikku_celery.mirror.events import MirrorEvent, ResultStored, encode
 from pikku_celery.mirror.flusher import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, Flusher
 from pikku_celery.mirror.forks import ForkGuard, keep_inherited
 from pikku_celery.mirror.journal import Journal
@@ -201,7 +201,8 @@ class Delivery:
         journal = self._journal or self._open()
         journal.append(event.kind, encode(event))
         self._appended += 1
-        self._flusher.wake()
+        # A result is what a reader's get() waits for; the task's own end came before it.
+        self._flusher.wake(at_once=isinstance(event, ResultStored))
 
     def _open(self) -> Journal:
         with self._lock:

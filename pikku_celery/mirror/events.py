@@ -26,6 +26,9 @@ __all__ = [
     "AttemptRetried",
     "AttemptStarted",
     "AttemptSucceeded",
+    "ChordApplied",
+    "ChordExtended",
+    "ChordSent",
     "MirrorEvent",
     "ResultStored",
     "StepDispatched",
@@ -163,6 +166,8 @@ class AttemptEnded(MirrorEvent):
     status: str
     error_json: str
     orchestrated: bool = False
+    #: The body of the chord whose header the task is in: Celery will never send it now.
+    chord_body: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +198,37 @@ class ResultStored(MirrorEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class ChordApplied(MirrorEvent):
+    """A chord for ``backend="pikku://"`` to finish, journaled before its header is
+    published; ``step_id`` is the chord's id (its header's group id).
+
+    ``parts``: the header's task ids in order; ``body_b64``: the body's signature as the
+    app's result serializer encoded it, in base64.
+    """
+
+    kind: ClassVar[str] = "chord"
+    parts: tuple[str, ...]
+    body_b64: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChordExtended(MirrorEvent):
+    """A header task added task ``part`` to its chord (``Task.add_to_chord``), journaled
+    before that task is published; ``step_id`` is the chord's id."""
+
+    kind: ClassVar[str] = "chord_extended"
+    part: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChordSent(MirrorEvent):
+    """The body of a fired chord is out (or failed with ``ChordError``): it is never sent
+    again. ``step_id`` is the chord's id."""
+
+    kind: ClassVar[str] = "chord_sent"
+
+
+@dataclass(frozen=True, slots=True)
 class StepDispatched(MirrorEvent):
     """The message of a step that a replay claimed in SQL is out (attempt K).
 
@@ -215,6 +251,9 @@ _KINDS: Final[dict[str, type[MirrorEvent]]] = {
         AttemptEnded,
         AttemptReplaced,
         ResultStored,
+        ChordApplied,
+        ChordSent,
+        ChordExtended,
     )
 }
 _FIELDS: Final = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
@@ -242,6 +281,8 @@ def decode(kind: str, payload: str) -> MirrorEvent:
         document["adoption"] = Adoption(**document["adoption"])
     if cls is StepPublished and document.get("new_run") is not None:
         document["new_run"] = tuple(document["new_run"])
+    if cls is ChordApplied and isinstance(document.get("parts"), list):
+        document["parts"] = tuple(document["parts"])
     try:
         return cls(**document)
     except TypeError as exc:

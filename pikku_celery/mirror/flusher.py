@@ -61,11 +61,16 @@ class Flusher:
         self.adopt_interval = adopt_interval
         self._wake = threading.Event()
         self._stop = threading.Event()  # halt(): the thread stops waiting at once
+        # Set by an event a reader waits for (a result), and by halt(): no gathering wait.
+        self._hurry = threading.Event()
         self._thread: threading.Thread | None = None
         self._closing = False
 
-    def wake(self) -> None:
-        """An event was appended: a flush is due within the interval."""
+    def wake(self, *, at_once: bool = False) -> None:
+        """An event was appended: a flush is due within the interval, or as soon as no
+        batch was written within the last one (``at_once``: a reader waits for it)."""
+        if at_once and not self._hurry.is_set():
+            self._hurry.set()
         if not self._wake.is_set():
             self._wake.set()
 
@@ -88,6 +93,7 @@ class Flusher:
     def join(self, thread: threading.Thread | None, timeout: float) -> None:
         """Wake a halted thread and wait up to ``timeout`` for it to end."""
         self._stop.set()
+        self._hurry.set()
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
@@ -105,19 +111,27 @@ class Flusher:
             # Batches start at most once per interval (a longer one while the
             # database is away): that is what makes a commit serve many events.
             gap = last + (delay if self._outage.ongoing else self.flush_interval) - now
-            if due is not None and due <= now:
+            events = due is not None and due <= now
+            if events:
                 if gap > 0:
                     self._stop.wait(gap)
             else:
                 timeout = (
                     self.adopt_interval if due is None else min(due - now, self.adopt_interval)
                 )
-                if self._wake.wait(timeout) and not self._closing:
-                    # The first event of a group: let the others of this interval join it.
-                    self._stop.wait(max(self.flush_interval, gap))
+                events = self._wake.wait(timeout)
+                if events and not self._closing:
+                    # The first event of a group: let the others of this interval join
+                    # it, unless a reader waits for one (a result) after an idle spell.
+                    idle = time.time() - last >= self.flush_interval
+                    if not (idle and self._hurry.is_set()):
+                        waiter = self._hurry if idle else self._stop
+                        waiter.wait(max(self.flush_interval, gap))
+            self._hurry.clear()
             if self._closing:
                 return
-            last = time.time()
+            if events:  # a pass that only looks for orphans is no batch to space out
+                last = time.time()
             try:
                 ok = self._flush_journal(journal)
             except Exception:  # never let the thread die: the journal stays on disk

@@ -10,6 +10,7 @@ events within seconds. ``pikku-celery journal --replay`` does the same once.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,9 @@ class Orphans:
         self._flush_journal = flush_journal
         self.adopt_interval = adopt_interval
         self._last_adopt = 0.0
+        # One adoption at a time in a process: a caller that must see what the journals
+        # of dead processes hold waits for the one under way (a new one after a fork).
+        self._adopting = threading.Lock()
 
     def adopt_when_due(self) -> None:
         if time.monotonic() - self._last_adopt < self.adopt_interval:
@@ -70,6 +74,10 @@ class Orphans:
         ``set_aside_too``: first put back the events they set aside (once their cause
         is fixed), so they are tried again.
         """
+        with self._adopting:
+            return self._adopt(set_aside_too)
+
+    def _adopt(self, set_aside_too: bool) -> int:
         written = 0
         try:
             for journal in orphaned_journals(self._folder(), self._database()):

@@ -460,7 +460,8 @@ celery_groups = sa.Table(
 
 # A chord the result backend finishes itself (no ``celery.chord_unlock``): its body as
 # the app's result serializer encoded it, how many header parts it waits for, and when
-# the batch that wrote the last of their results claimed its firing (once).
+# the batch that wrote the last of their results claimed its firing (once), and when the
+# process that claimed it had sent the body (a chord fired and not sent is sent again).
 celery_result_chords = sa.Table(
     "pikku_celery_result_chords",
     metadata,
@@ -469,7 +470,14 @@ celery_result_chords = sa.Table(
     sa.Column("body", sa.LargeBinary, nullable=False),
     sa.Column("fired_at", UtcDateTime),
     sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("sent_at", UtcDateTime),
     sa.Index("idx_pikku_celery_result_chords_created", "created_at"),
+    sa.Index(
+        "idx_pikku_celery_result_chords_unsent",
+        "fired_at",
+        postgresql_where=sa.text("sent_at IS NULL"),
+        sqlite_where=sa.text("sent_at IS NULL"),
+    ),
 )
 
 # The header parts of such a chord, in the order the body gets their results.

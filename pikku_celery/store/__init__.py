@@ -18,6 +18,7 @@ from pikku_celery.store.engine import (
     same_database,
 )
 from pikku_celery.store.mirror_batch import (
+    ChordWrite,
     FiredChord,
     Handover,
     MirrorBatch,
@@ -68,6 +69,7 @@ __all__ = [
     "WAIT_RPC",
     "AttemptCount",
     "AttemptTotals",
+    "ChordWrite",
     "ErrorLike",
     "FiredChord",
     "Handover",

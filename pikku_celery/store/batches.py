@@ -100,7 +100,12 @@ class Batches:
         self._write_handovers(c, handovers)
 
         # A result is written with its attempt's end: one whose step waits, waits with it.
-        fired = self._results.write([r for r in batch.results if r.task_id not in missing], conn=c)
+        # Before the results: a header task adds to its chord before its own result.
+        self._results.add_to_chords(batch.chord_parts, conn=c)
+        fired = self._results.write(
+            [r for r in batch.results if r.task_id not in missing], conn=c, chords=batch.chords
+        )
+        self._results.mark_sent(batch.chords_sent, conn=c)
 
         outcomes = [o for o in batch.outcomes if o.step_id in known]
         missing |= {o.step_id for o in batch.outcomes if o.step_id not in known}
@@ -283,8 +288,40 @@ class Batches:
                     run_id,
                     {"run_id": run_id, "new_status": o.kind, "error": o.error_json, "now": o.at},
                 )
+        for row in self._unsent_bodies(c, outcomes):
+            settle.setdefault(row["run_id"], row)
+            complete.pop(row["run_id"], None)
         self._sql.write_outcomes(c, complete, list(settle.values()))
         return replay
+
+    def _unsent_bodies(
+        self, c: sa.Connection, outcomes: Sequence[RunOutcome]
+    ) -> list[dict[str, Any]]:
+        """The runs held open by chords whose header task ended for good: Celery fails such
+        a chord's body in its backend and never sends it, so each held run fails now.
+
+        Only a step that names its chord is looked up: any other end costs nothing more."""
+        failed = {
+            o.chord_body: o for o in outcomes if o.chord_body and o.kind in ("failed", "cancelled")
+        }
+        if not failed:
+            return []
+        held = c.execute(sql.batches.runs_held_by_unsent_bodies, {"body_ids": sorted(failed)})
+        rows = []
+        for body_id, run_id in held.all():
+            o = failed[body_id]
+            error = {
+                "type": "celery.exceptions.ChordError",
+                "message": f"Header task {o.step_id} of this run's chord {o.kind} for good, so "
+                f"Celery will not send the chord's body {body_id}: the run waited for it. Fix "
+                "what the header task's error says, then publish the chord again.",
+                "traceback": None,
+                "step": None,
+            }
+            rows.append(
+                {"run_id": run_id, "new_status": "failed", "error": json.dumps(error), "now": o.at}
+            )
+        return rows
 
 
 class _DialectWrites(Protocol):

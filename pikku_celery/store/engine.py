@@ -12,6 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from pikku_celery.errors import ConfigurationError
+from pikku_celery.store.sqlite_forks import gate_forks
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -177,10 +178,10 @@ def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
 
 def configure_engine(engine: sa.Engine) -> sa.Engine:
     """Attach pikku-celery's per-connection settings to an engine (idempotent)."""
-    if engine.dialect.name == "sqlite" and not sa.event.contains(
-        engine, "connect", _on_sqlite_connect
-    ):
-        sa.event.listen(engine, "connect", _on_sqlite_connect)
+    if engine.dialect.name == "sqlite":
+        if not sa.event.contains(engine, "connect", _on_sqlite_connect):
+            sa.event.listen(engine, "connect", _on_sqlite_connect)
+        gate_forks(engine)
     return engine
 
 

@@ -14,6 +14,7 @@ from typing import Final, Literal
 
 __all__ = [
     "BatchResult",
+    "ChordWrite",
     "FiredChord",
     "Handover",
     "MirrorBatch",
@@ -92,6 +93,8 @@ class RunOutcome:
     ``complete``: the run completes if every step of it succeeded. ``failed``
     and ``cancelled`` end a run that is still going. ``replay``: a durable
     workflow's run decides its outcome itself; it is only reported back.
+    ``chord_body``: the step is a header task of that chord, whose body Celery will
+    not send now; a run the chord holds open (another header task's) fails too.
     """
 
     step_id: str
@@ -99,6 +102,7 @@ class RunOutcome:
     kind: Literal["complete", "failed", "cancelled", "replay"]
     at: dt.datetime
     error_json: str | None = None
+    chord_body: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +135,18 @@ class ResultWrite:
 
 
 @dataclass(frozen=True, slots=True)
+class ChordWrite:
+    """A chord for the result backend to finish: its header's task ids in order and its
+    body as the app's result serializer encoded it. Written before any part's result can
+    be (it is journaled before the header is published), or checked as it lands."""
+
+    group_id: str
+    parts: tuple[str, ...]
+    body: bytes
+    at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
 class FiredChord:
     """A chord whose header parts all have results: its body, encoded as it was applied,
     and the parts' ids in header order. Claimed once, by the batch that committed it."""
@@ -147,6 +163,11 @@ class MirrorBatch:
     outcomes: list[RunOutcome] = field(default_factory=list)
     handovers: list[Handover] = field(default_factory=list)
     results: list[ResultWrite] = field(default_factory=list)
+    chords: list[ChordWrite] = field(default_factory=list)
+    #: Tasks added to chords (``(group_id, task_id)``), after the chord's other parts.
+    chord_parts: list[tuple[str, str]] = field(default_factory=list)
+    #: Chords whose bodies are out, and when.
+    chords_sent: list[tuple[str, dt.datetime]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return (
@@ -155,6 +176,9 @@ class MirrorBatch:
             + len(self.outcomes)
             + len(self.handovers)
             + len(self.results)
+            + len(self.chords)
+            + len(self.chord_parts)
+            + len(self.chords_sent)
         )
 
 

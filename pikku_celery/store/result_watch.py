@@ -10,7 +10,9 @@ between two reads of its results instead of sleeping blind:
   of them when the payload says ``*``). While that connection is away (a cut,
   a restart, a pooler in transaction mode refusing LISTEN), the watches say they
   cannot push and the reader falls back to polling; after every reconnect each
-  watch is woken once, so a result committed meanwhile is read.
+  watch is woken once, so a result committed meanwhile is read. A listener first
+  proves it hears: it sends itself a notification from another connection, and a
+  way that passes none on (PgBouncer in transaction mode) leaves readers polling.
 - **SQLite**: the watch asks ``PRAGMA data_version`` every few milliseconds on a
   connection of its own; it changes when another connection commits, and only
   then is the result read again.
@@ -25,7 +27,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
 import sqlalchemy as sa
 
@@ -41,6 +43,12 @@ PAYLOAD_LIMIT: Final = 7900
 _SQLITE_LOOK: Final = 0.002
 # How long the listener waits before it connects again.
 _RECONNECT: Final = 1.0
+# A listener's own notification, sent from another connection when it connects: heard
+# within this many seconds, or the way to the database cannot carry LISTEN.
+_PROBE: Final = "probe:"
+_PROBE_WAIT: Final = 2.0
+# How long a listener that heard nothing waits before it tries again.
+_DEAF_PAUSE: Final = 60.0
 
 
 def notify_payload(task_ids: Iterable[str]) -> str:
@@ -95,6 +103,7 @@ class _Listener:
         self._lock = threading.Lock()
         self._watches: set[_Told] = set()
         self.healthy = False
+        self._said_deaf = False
         self.connected = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pikku-celery-listen", daemon=True)
         self._thread.start()
@@ -117,10 +126,19 @@ class _Listener:
     def _run(self) -> None:
         import psycopg  # the PostgreSQL driver; only a PostgreSQL store gets here
 
+        pause = _RECONNECT
         while True:
             try:
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    if not self._hears(conn):
+                        # A pooler in transaction mode (PgBouncer's) accepts LISTEN and
+                        # then hands the server connection to someone else: nothing is
+                        # ever heard. Readers poll; look again much later.
+                        self._say_deaf()
+                        pause = _DEAF_PAUSE
+                        continue
+                    pause = _RECONNECT
                     self.healthy = True
                     self.connected.set()
                     self._wake(None)  # whatever committed while nobody listened
@@ -134,10 +152,36 @@ class _Listener:
                     type(exc).__name__,
                     extra={"action": "result_listener_lost"},
                 )
-            self.healthy = False
-            self.connected.clear()
-            self._wake(None)
-            time.sleep(_RECONNECT)
+            finally:
+                self.healthy = False
+                self.connected.clear()
+                self._wake(None)
+            time.sleep(pause)
+
+    def _hears(self, conn: Any) -> bool:
+        """Whether a notification sent from another connection reaches this one."""
+        import psycopg
+
+        token = f"{_PROBE}{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+        with psycopg.connect(self._dsn, autocommit=True) as other:
+            other.execute("SELECT pg_notify(%s, %s)", (CHANNEL, token))
+        deadline = time.monotonic() + _PROBE_WAIT
+        while (left := deadline - time.monotonic()) > 0:
+            for note in conn.notifies(timeout=left, stop_after=1):
+                if note.payload == token:
+                    return True
+        return False
+
+    def _say_deaf(self) -> None:
+        if not self._said_deaf:
+            self._said_deaf = True
+            logger.warning(
+                "pikku-celery's result listener hears no notification through this database "
+                "URL (a pooler in transaction mode, such as PgBouncer's, cannot pass LISTEN "
+                "on): waiting readers poll instead. Give readers a direct or session-pooled "
+                "URL for pushed waits, or set pikku_result_notify = False to say so.",
+                extra={"action": "result_listener_deaf"},
+            )
 
 
 class _SqliteWatch(ResultWatch):

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from pikku_celery.store import sql
 from pikku_celery.store.common import now
 from pikku_celery.store.connector import Connector, by_dialect
-from pikku_celery.store.mirror_batch import FiredChord, ResultWrite
+from pikku_celery.store.mirror_batch import ChordWrite, FiredChord, ResultWrite
 from pikku_celery.store.result_watch import CHANNEL, ResultWatch, notify_payload, watch_results
 
 __all__ = ["Results", "StoredResult"]
@@ -41,16 +41,30 @@ class Results:
         self._lock_chord = sql.results.lock_chord(db.dialect)
         self._insert_chord = sql.results.insert_chord(db.dialect)
         self._insert_parts = sql.results.insert_chord_parts(db.dialect)
+        self._add_part = sql.results.add_chord_part(db.dialect)
         # Readers waiting on PostgreSQL are told at COMMIT; SQLite's see data_version move.
         self._notify: sa.Executable | None = by_dialect(
             db.dialect, {"postgresql": sql.results.notify, "sqlite": None}
         )
 
     def write(
-        self, rows: Sequence[ResultWrite], *, conn: sa.Connection | None = None
+        self,
+        rows: Sequence[ResultWrite],
+        *,
+        conn: sa.Connection | None = None,
+        chords: Sequence[ChordWrite] = (),
     ) -> list[FiredChord]:
-        """Write results forward only (see ``sql.results.write_result``); returns the chords
-        whose last header part this write completed, to be fired once it is committed."""
+        """Write results forward only (see ``sql.results.write_result``) and the chords
+        applied with them; returns the chords whose last header part is now written, to be
+        fired once it is committed.
+
+        A chord is journaled by its publisher and its parts' results by the workers, so the
+        results may be in SQL first: a chord is counted as it lands, too."""
+        if chords:
+            with self._db.write(conn) as c:
+                self._apply_chords(c, chords)
+                if not rows:
+                    return self._complete_chords(c, [h.group_id for h in chords], chords[0].at)
         if not rows:
             return []
         params = [
@@ -70,20 +84,23 @@ class Results:
             if ready and self._notify is not None:
                 # Delivered at COMMIT, to the readers waiting for these ids (result_watch).
                 c.execute(self._notify, {"channel": CHANNEL, "payload": notify_payload(ready)})
-            return self._complete_chords(c, ready, rows[0].at) if ready else []
+            groups = set(h.group_id for h in chords)
+            if ready:
+                found = c.execute(sql.results.chords_of_parts, {"task_ids": sorted(set(ready))})
+                groups.update(found.scalars().all())
+            return self._complete_chords(c, sorted(groups), rows[0].at) if groups else []
 
     def _complete_chords(
-        self, c: sa.Connection, ready: Sequence[str], at: dt.datetime
+        self, c: sa.Connection, groups: Sequence[str], at: dt.datetime
     ) -> list[FiredChord]:
-        """Claim the firing of every chord of these parts whose parts are now all done.
+        """Claim the firing of every one of these chords whose parts are now all done.
 
         The chords are locked one after another in ``group_id`` order, after every other
         lock of the batch, and counted after the lock: of two batches that write a chord's
         last two parts at once, the second counts the first's committed part and fires.
         """
         fired: list[FiredChord] = []
-        groups = c.execute(sql.results.chords_of_parts, {"task_ids": sorted(set(ready))})
-        for group_id in groups.scalars().all():
+        for group_id in sorted(groups):
             key = {"chord_id": group_id}
             chord = c.execute(self._lock_chord, key).first()
             if chord is None or chord.fired_at is not None:
@@ -97,20 +114,66 @@ class Results:
         return fired
 
     def apply_chord(self, group_id: str, parts: Sequence[str], body: bytes) -> None:
-        """Keep a chord until its header parts are done (before any of them is published)."""
+        """Keep a chord until its header parts are done (before any of them is published),
+        in a process with no journal."""
         with self._db.write(None) as c:
-            c.execute(
-                self._insert_chord,
-                {"group_id": group_id, "size": len(parts), "body": body, "now": now()},
-            )
-            if parts:
-                c.execute(
-                    self._insert_parts,
-                    [
-                        {"group_id": group_id, "task_id": task_id, "position": position}
-                        for position, task_id in enumerate(parts)
-                    ],
-                )
+            self._apply_chords(c, [ChordWrite(group_id, tuple(parts), body, now())])
+
+    def _apply_chords(self, c: sa.Connection, chords: Sequence[ChordWrite]) -> None:
+        c.execute(
+            self._insert_chord,
+            [
+                {"group_id": h.group_id, "size": len(h.parts), "body": h.body, "now": h.at}
+                for h in chords
+            ],
+        )
+        parts = [
+            {"group_id": h.group_id, "task_id": task_id, "position": position}
+            for h in chords
+            for position, task_id in enumerate(h.parts)
+        ]
+        if parts:
+            c.execute(self._insert_parts, parts)
+
+    def add_to_chords(
+        self, added: Sequence[tuple[str, str]], *, conn: sa.Connection | None = None
+    ) -> None:
+        """Tasks added to chords (``(group_id, task_id)``): each waits for one more part,
+        whose result comes after the others'; a task added twice counts once."""
+        if added:
+            with self._db.write(conn) as c:
+                for group_id, task_id in added:
+                    key = {"chord_id": group_id, "task_id": task_id}
+                    if c.execute(self._add_part, key).first() is not None:
+                        c.execute(sql.results.grow_chord, key)
+
+    def mark_sent(
+        self, sent: Sequence[tuple[str, dt.datetime]], *, conn: sa.Connection | None = None
+    ) -> None:
+        """The bodies of these chords are out (``(group_id, when)``): never sent again."""
+        if sent:
+            with self._db.write(conn) as c:
+                rows = [{"chord_id": group_id, "now": at} for group_id, at in sent]
+                c.execute(sql.results.mark_sent, rows)
+
+    def finish_due_chords(self, before: dt.datetime, *, limit: int = 100) -> list[FiredChord]:
+        """Claim the chords written before ``before`` whose parts are all done and that no
+        batch fired (the chord and its last result landed at once, in two transactions)."""
+        with self._db.write(None) as c:
+            params = {"before": before, "limit": limit}
+            due = c.execute(sql.results.due_chords, params).scalars().all()
+            return self._complete_chords(c, due, now()) if due else []
+
+    def unsent_chords(self, before: dt.datetime, *, limit: int = 100) -> list[FiredChord]:
+        """Chords fired before ``before`` whose bodies were never said to be sent (the
+        process that fired one died between its COMMIT and the publish)."""
+        with self._db.read(None) as c:
+            rows = c.execute(sql.results.unsent_chords, {"before": before, "limit": limit})
+            chords = []
+            for group_id, body in rows.all():
+                ids = c.execute(sql.results.part_ids, {"chord_id": group_id}).scalars().all()
+                chords.append(FiredChord(group_id, bytes(body), tuple(ids)))
+        return chords
 
     def watch(self, task_ids: Iterable[str]) -> ResultWatch:
         """What a reader waits on between two reads of ``task_ids``' results."""

@@ -20,6 +20,7 @@ from pikku_celery.errors import (
     StepFailed,
     StepMismatch,
 )
+from pikku_celery.faults import crash_point
 from pikku_celery.integration.step_info import StepInfo, idempotency_key, inline_step
 from pikku_celery.integration.task import WorkflowTask, retry_policy
 from pikku_celery.store import (
@@ -31,7 +32,6 @@ from pikku_celery.store import (
     error_document,
 )
 from pikku_celery.workflows.definition import Workflow
-from pikku_celery.workflows.faults import crash_point
 from pikku_celery.workflows.inputs import passed_in
 from pikku_celery.workflows.reopen import reopen
 from pikku_celery.workflows.versions import VersionWatch

@@ -30,6 +30,7 @@ app.conf.update(
     task_track_started=True,
     result_extended=True,
     pikku_flush_interval=0.02,
+    pikku_chord_resend_after=float(os.environ.get("RESULTS_CHORD_RESEND_AFTER") or 30),
 )
 SERIALIZER = os.environ.get("RESULTS_SERIALIZER", "json")
 app.conf.update(
@@ -48,6 +49,13 @@ def add(x: int, y: int) -> int:
     return x + y
 
 
+@app.task(bind=True, name="results.grow", shared=False)
+def grow(self: Any, n: int) -> int:
+    """A header task that adds a task to its own chord (``Task.add_to_chord``)."""
+    self.add_to_chord(add.s(n, n))
+    return n
+
+
 @app.task(name="results.plain_add", shared=False)
 def plain_add(x: int, y: int) -> int:
     return x + y
@@ -55,6 +63,12 @@ def plain_add(x: int, y: int) -> int:
 
 class OutOfStock(Exception):
     pass
+
+
+@pikku.step(name="results.huge", shared=False)
+def huge(megabytes: int) -> str:
+    """A value over the store's payload limit (16 MiB by default)."""
+    return "x" * (megabytes * 1024 * 1024)
 
 
 @pikku.step(name="results.refuse", shared=False)

@@ -24,7 +24,8 @@ from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult, GroupResult
 
 from pikku_celery import PikkuCelery, WorkflowStore
-from pikku_celery.errors import ConfigurationError
+from pikku_celery.errors import ConfigurationError, PayloadTooLarge
+from pikku_celery.integration.backend import ResultTooLarge
 from tests.acceptance.conftest import ROOT, Worker, worker_running
 from tests.acceptance.results_loading import QUEUE, results_app
 
@@ -223,3 +224,19 @@ def test_waiting_for_a_result_that_does_not_come_times_out_as_celery_says(
     with pytest.raises(CeleryTimeoutError):
         GroupResult(str(uuid.uuid4()), [never], app=app.app).join_native(timeout=0.3)
     assert time.monotonic() - started < 5  # each wait ends at its timeout, not an interval later
+
+
+def test_a_result_over_the_payload_limit_fails_the_task_saying_why(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, worker = results
+    sent = app.huge.delay(17)
+    error = sent.get(timeout=60, propagate=False)
+    assert isinstance(error, ResultTooLarge) and isinstance(error, PayloadTooLarge)
+    assert "max_payload_bytes" in str(error) and sent.id in str(error)
+    assert sent.state == "FAILURE"
+    # The step failed with the same words, and nothing of the large value was written.
+    [attempt] = worker.store.get_run_history(sent.id)
+    assert attempt.status == "failed" and attempt.result is None
+    assert attempt.error is not None and "max_payload_bytes" in attempt.error["message"]
+    assert app.huge.delay(1).get(timeout=60) == "x" * 1024 * 1024  # under it: as it was

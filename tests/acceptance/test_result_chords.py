@@ -112,3 +112,55 @@ def test_a_chord_in_a_run_ends_the_run_with_its_body_which_joins_that_run(
     # A body that is no step (a plain task under mirror="steps") holds nothing open.
     plain = app.pikku.run(chord([app.add.s(1, 1)], app.total.s()), name="plain body")
     assert worker.wait_for_run(plain, timeout=60).status == "completed"
+
+
+def test_a_failed_header_of_a_chord_applied_outside_a_run_ends_every_header_run(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # From a web request: each header task is a run of its own, and the first one holds the
+    # chord for its body. The second fails, so no body is ever sent: the held run must end.
+    app, worker = results
+    header = [app.add.s(2, 2), app.refuse.s("hats")]
+    adding, refusing = (signature.freeze().id for signature in header)
+    sent: Any = chord(header, app.sum_step.s()).apply_async()
+    with pytest.raises((KeyError, ChordError), match="hats"):
+        sent.get(timeout=60)
+    assert worker.wait_for_run(refusing, timeout=60).status == "failed"
+    held = worker.wait_for_run(adding, timeout=60)
+    assert held.status == "failed"
+    assert held.error is not None and held.error["type"] == "celery.exceptions.ChordError"
+    assert refusing in held.error["message"] and sent.id in held.error["message"]
+    assert app.pikku.store.get_step(adding).status == "succeeded"
+
+
+def test_a_body_lost_between_the_commit_and_its_publish_is_sent_again_by_the_reaper(
+    pg_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # The pool process whose batch claimed the chord is killed right after its COMMIT,
+    # before it sends the body: nobody else would ever send it.
+    tmp = tmp_path_factory.mktemp("chord-lost-body")
+    env = {
+        "PIKKU_TEST_CRASH_AT": "before_chord_send:batch",
+        "PIKKU_REAPER_INTERVAL": "1",
+        "RESULTS_CHORD_RESEND_AFTER": "2",
+    }
+    with results_app(pg_url) as app:
+        with worker_running(
+            app, "redis", tmp, concurrency=1, queues=QUEUE, extra_env=env
+        ) as worker:
+            sent: Any = chord([app.add.s(1, 1), app.add.s(2, 2)], app.total.s()).apply_async()
+            assert sent.get(timeout=60) == 6
+            log = worker.log.read_text()
+    assert "SIGKILL" in log  # the crash point was reached: the body was lost once
+    assert f"sends the body of chord {sent.parent.id} again" in log
+    assert log.count(f"results.total[{sent.id}] succeeded") == 1
+    assert fired_at(app, sent.parent.id) is not None
+
+
+def test_a_task_added_to_the_chord_by_a_header_task_is_in_the_bodys_results(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, worker = results
+    sent: Any = chord([app.grow.s(3), app.add.s(1, 1)], app.total.s()).apply_async()
+    assert sent.get(timeout=60) == 3 + 2 + 6  # the added add(3, 3) counted, last
+    assert worker.log.read_text().count(f"results.total[{sent.id}] succeeded") == 1

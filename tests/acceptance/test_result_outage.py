@@ -65,3 +65,31 @@ def test_results_of_tasks_that_end_while_the_database_is_away_wait_and_then_arri
         [attempt] = worker.store.get_run_history(s.id)
         assert attempt.status == "succeeded"
     assert "raised unexpected" not in log and "Traceback" not in log
+
+
+def test_a_result_journaled_by_a_process_killed_before_its_flush_arrives(
+    loaded: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # The pool process ends the task, journals its attempt and its result, and dies
+    # before its flusher writes them: the journal is adopted and the result is there.
+    tmp = tmp_path_factory.mktemp("result-killed")
+    env = {"PIKKU_TEST_CRASH_AT": "after_result_journaled:results.add"}
+    with worker_running(loaded, "redis", tmp, concurrency=1, extra_env=env, queues=QUEUE) as worker:
+        # Its step's publish is in SQL before it runs (as almost always): Celery's main
+        # process, told the pool process died, asks whether the success was stored.
+        sent = loaded.add.apply_async((20, 22), countdown=1)
+        assert sent.get(timeout=60) == 42
+        wait_until(
+            lambda: "SIGKILL" in worker.log.read_text(),
+            what="the pool process to die where the test said",
+        )
+        # Celery's main process asked whether the success was stored before it would
+        # record the lost process as a failure; the dead process's journal said it was.
+        wait_until(
+            lambda: "succeeded before the worker was lost" in worker.log.read_text(),
+            what="the main process to find the success",
+        )
+    fresh: Any = AsyncResult(sent.id, app=loaded.app)
+    assert fresh.state == "SUCCESS"
+    [attempt] = worker.store.get_run_history(sent.id)
+    assert attempt.status == "succeeded"

@@ -274,3 +274,25 @@ def test_events_set_aside_are_written_by_journal_replay_once_their_cause_is_fixe
     assert store.get_step_state(step_id, "charge").status == "scheduled"
     assert not list(mirror.journal_folder.glob("*.journal"))
     store.close()
+
+
+def test_a_result_after_an_idle_spell_is_written_at_once_other_events_gather(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    # A long interval makes the difference plain: a get() waiting for a result does not
+    # pay the interval the flusher waits to gather events into one batch.
+    mirror = CeleryMirror(store, journal_dir=tmp_path, flush_interval=3.0)
+    try:
+        gathered = str(uuid.uuid4())
+        mirror.published(step(gathered))
+        time.sleep(1.0)
+        assert mirror.journal_depth == 1  # still gathering
+        wait_for(lambda: mirror.journal_depth == 0)
+        time.sleep(3.5)  # idle for more than the interval
+        told = str(uuid.uuid4())
+        began = time.monotonic()
+        mirror.result_stored(told, 1, "SUCCESS", b'{"status": "SUCCESS"}')
+        wait_for(lambda: store.results.get(told) is not None)
+        assert time.monotonic() - began < 1.5
+    finally:
+        mirror.close()

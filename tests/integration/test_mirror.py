@@ -506,3 +506,33 @@ def test_a_run_whose_next_step_waits_to_be_written_is_not_completed_by_the_one_b
     )
     run = store.get_run(run_id)
     assert (run.status, run.output) == ("completed", 3)
+
+
+def test_a_result_waits_behind_its_attempts_end_that_waits_for_the_step(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    # A worker's journal: the attempt's end, written while its step's publish (another
+    # process's journal) is not in SQL yet, so it waits; then the step lands, then the
+    # task's result is flushed on its own. The result must wait for the attempt's end:
+    # a reader never sees SUCCESS before SQL shows the attempt succeeded.
+    worker, publisher = mirror_of(store, tmp_path), mirror_of(store, tmp_path)
+    try:
+        step_id = str(uuid.uuid4())
+        worker.started(step_id, 1, worker="w", pid=1)
+        worker.succeeded(step_id, step_id, 1, 7)
+        worker.flush()  # the step is not there: both wait
+        publisher.published(lone(step_id))
+        publisher.flush()
+        worker.result_stored(step_id, 1, "SUCCESS", b'{"status": "SUCCESS", "result": 7}')
+        worker.flush()  # the result is due, its attempt's end is not yet
+        result = store.results.get(step_id)
+        attempt = store.get_step_state(step_id, "charge")
+        assert result is None or attempt.status == "succeeded"
+        time.sleep(0.1)  # the deferred events are due again
+        worker.flush()
+        assert store.get_step_state(step_id, "charge").status == "succeeded"
+        stored = store.results.get(step_id)
+        assert stored is not None and stored.status == "SUCCESS"
+    finally:
+        worker.close()
+        publisher.close()

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import uuid
 
-from pikku_celery.store import NewRun, WorkflowStore
+from pikku_celery.store import NewRun, RunOutcome, StepTransition, WorkflowStore
 from tests.support.transitions import apply, new_step, start, succeed
 
 
@@ -129,3 +130,51 @@ def test_a_chord_applied_outside_a_run_releases_every_header_run_once_its_body_i
     start(store, body_id)
     succeed(store, body_id, 1, 6)
     assert store.get_run(last).status == "completed"
+
+
+def test_a_header_task_failing_for_good_fails_the_run_its_chord_holds(
+    store: WorkflowStore,
+) -> None:
+    # The same chord applied outside any run, and its second header task fails: Celery
+    # fails the body in its backend and never sends it, so the run that held the chord
+    # for it must end then, not stay running for ever.
+    body_id = str(uuid.uuid4())
+    header = []
+    for n in (1, 2):
+        step_id = str(uuid.uuid4())
+        header.append(
+            dataclasses.replace(
+                new_step(
+                    store,
+                    step_id,
+                    "add",
+                    rpc_name="shop.add",
+                    step_id=step_id,
+                    new_run=NewRun("shop.add", {"args": [n, n]}, {"type": "task"}),
+                ),
+                chord_body=body_id,
+            )
+        )
+    apply(store, steps=header)
+    held, failing = header[0].step_id, header[1].step_id
+    start(store, held)
+    succeed(store, held, 1, 2)
+    assert store.get_run(held).status == "running"
+
+    start(store, failing)
+    moment = dt.datetime.now(dt.timezone.utc)
+    error = json.dumps({"type": "ValueError", "message": "bad", "traceback": None})
+    apply(
+        store,
+        transitions=[
+            StepTransition(
+                failing, 1, "failed", moment, ended_at=moment, error_json=error, gave_up=True
+            )
+        ],
+        outcomes=[RunOutcome(failing, None, "failed", moment, error, chord_body=body_id)],
+    )
+    assert store.get_run(failing).status == "failed"
+    run = store.get_run(held)
+    assert run.status == "failed"
+    assert run.error is not None and run.error["type"] == "celery.exceptions.ChordError"
+    assert failing in run.error["message"] and body_id in run.error["message"]

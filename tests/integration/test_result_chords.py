@@ -8,8 +8,11 @@ import datetime as dt
 import threading
 import uuid
 
+import sqlalchemy as sa
+
 from pikku_celery import WorkflowStore
-from pikku_celery.store import FiredChord, MirrorBatch, ResultWrite, now
+from pikku_celery.schema import celery_results
+from pikku_celery.store import ChordWrite, FiredChord, MirrorBatch, ResultWrite, now
 
 
 def success(task_id: str) -> ResultWrite:
@@ -65,3 +68,65 @@ def test_chords_expire_with_their_results(store: WorkflowStore) -> None:
     store.results.apply_chord(group_id, parts, b"body")
     assert store.results.expire(now() + dt.timedelta(seconds=1)) >= 1
     assert write(store, success(parts[0])) == []  # its chord is gone: nothing fires
+
+
+def journaled(group_id: str, parts: list[str], at: dt.datetime | None = None) -> MirrorBatch:
+    """The batch of a publisher's journal holding the chord it applied."""
+    return MirrorBatch(chords=[ChordWrite(group_id, tuple(parts), b"body", at or now())])
+
+
+def test_a_journaled_chord_that_lands_after_its_parts_fires_as_it_lands(
+    store: WorkflowStore,
+) -> None:
+    # The publisher's journal and the workers' are flushed apart: the header's results
+    # may all be in SQL before the chord is.
+    group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(2)]
+    assert write(store, success(parts[1]), success(parts[0])) == []
+    [fired] = store.batches.apply_batch(journaled(group_id, parts)).fired
+    assert fired == FiredChord(group_id, b"body", tuple(parts))
+    assert list(store.batches.apply_batch(journaled(group_id, parts)).fired) == []  # again
+
+    other, halves = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(2)]
+    assert list(store.batches.apply_batch(journaled(other, halves)).fired) == []
+    assert write(store, success(halves[0])) == []
+    assert [c.group_id for c in write(store, success(halves[1]))] == [other]
+
+
+def test_the_reaper_finds_a_chord_no_batch_fired_and_a_body_never_said_sent(
+    store: WorkflowStore,
+) -> None:
+    group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4())]
+    long_ago = now() - dt.timedelta(minutes=5)
+    # As when the chord and its last result land at once in two transactions, each
+    # counting before the other committed: both in SQL, not fired.
+    store.batches.apply_batch(journaled(group_id, parts, long_ago))
+    store.results.mark_sent([])  # nothing to mark: no statement, no error
+    with store.engine.begin() as conn:
+        row = {"task_id": parts[0], "status": "SUCCESS", "attempt": 1, "meta": b"{}"}
+        conn.execute(sa.insert(celery_results).values(**row, updated_at=long_ago))
+    assert store.results.finish_due_chords(now() - dt.timedelta(minutes=10)) == []  # too new
+    [fired] = store.results.finish_due_chords(now())
+    assert fired.group_id == group_id
+    assert store.results.finish_due_chords(now()) == []  # claimed once
+
+    # Claimed and never said sent: the reaper's look finds it once the grace has passed.
+    assert store.results.unsent_chords(now() - dt.timedelta(seconds=30)) == []
+    [unsent] = store.results.unsent_chords(now() + dt.timedelta(seconds=1))
+    assert unsent == FiredChord(group_id, b"body", tuple(parts))
+    store.batches.apply_batch(MirrorBatch(chords_sent=[(group_id, now())]))
+    assert store.results.unsent_chords(now() + dt.timedelta(seconds=1)) == []
+
+
+def test_a_task_added_to_a_chord_is_waited_for_after_the_others_and_counted_once(
+    store: WorkflowStore,
+) -> None:
+    group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(2)]
+    added = str(uuid.uuid4())
+    store.results.apply_chord(group_id, parts, b"body")
+    # As Task.add_to_chord journals it, before the adding task's own result.
+    batch = MirrorBatch(chord_parts=[(group_id, added)], results=[success(parts[0])])
+    assert list(store.batches.apply_batch(batch).fired) == []
+    store.batches.apply_batch(MirrorBatch(chord_parts=[(group_id, added)]))  # again: once
+    assert write(store, success(parts[1])) == []  # the added task is still out
+    [fired] = write(store, success(added))
+    assert fired == FiredChord(group_id, b"body", (*parts, added))

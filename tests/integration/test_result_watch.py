@@ -9,10 +9,18 @@ written as the mirror writes it, in a batch.
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -146,3 +154,83 @@ def test_a_notification_that_would_not_fit_says_read_them_all() -> None:
     assert set(notify_payload(few).split(",")) == set(few)
     many = [str(uuid.uuid4()) for _ in range(PAYLOAD_LIMIT // 36 + 1)]
     assert notify_payload(many) == "*"
+
+
+@contextmanager
+def pgbouncer_in_transaction_mode(pg_url: str) -> Iterator[str]:
+    """A PgBouncer between the reader and PostgreSQL, pooling by transaction; its URL."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not os.path.exists(binary):
+        pytest.fail("PgBouncer is not installed: apt-get install pgbouncer (.ci/run does)")
+    target = sa.make_url(pg_url)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder = Path(tempfile.mkdtemp(prefix="pgbouncer-"))
+    folder.chmod(0o755)  # PgBouncer will not run as root: it reads this as postgres
+    config = folder / "pgbouncer.ini"
+    config.write_text(
+        "[databases]\n"
+        f"* = host={target.host} port={target.port or 5432} user={target.username}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+        "auth_type = any\npool_mode = transaction\n"
+    )
+    config.chmod(0o644)
+    user = ["-u", "postgres"] if os.geteuid() == 0 else []
+    log = folder / "pgbouncer.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([binary, *user, str(config)], stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"PgBouncer did not start: {proc.stderr and proc.stderr.read()!r}"
+                )
+            time.sleep(0.05)
+        yield target.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_through_pgbouncer_in_transaction_mode_readers_poll_and_still_get_their_result(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pgbouncer_in_transaction_mode(pg_url) as pooled:
+        app = Celery("pooled reader", backend=f"pikku+{pooled}", set_as_current=False)
+        writer = WorkflowStore(pg_url)
+        try:
+            with caplog.at_level(logging.WARNING, logger="pikku_celery"):
+                watch = backend_store(app).results.watch(["nothing"])
+                # The listener proves it hears before it says it pushes: here it never does.
+                time.sleep(3.0)
+                assert not watch.pushes
+                watch.close()
+                task_id = str(uuid.uuid4())
+                threading.Timer(0.3, write_success, (app, writer, task_id, 7)).start()
+                assert app.AsyncResult(task_id).get(timeout=10) == 7  # polled, not told
+            deaf = [r for r in caplog.records if "hears no notification" in r.getMessage()]
+            assert len(deaf) == 1 and "pikku_result_notify" in deaf[0].getMessage()
+        finally:
+            backend_store(app).close()
+            writer.close()
+            app.close()
+
+
+def test_a_direct_connection_hears_its_own_probe_and_pushes(pg_url: str) -> None:
+    store = WorkflowStore(pg_url)
+    watch = store.results.watch(["nothing"])
+    try:
+        deadline = time.monotonic() + 5
+        while not watch.pushes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watch.pushes
+    finally:
+        watch.close()
+        store.close()

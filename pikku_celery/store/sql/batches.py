@@ -44,6 +44,8 @@ __all__ = [
     "open_chord",
     "prune_deliveries",
     "record_attempts_pg",
+    "runs_held_by_bodies",
+    "runs_held_by_unsent_bodies",
     "settle_runs_pg",
     "steps_present",
     "steps_present_pg",
@@ -92,6 +94,13 @@ prune_deliveries: Final = sa.delete(deliveries).where(deliveries.c.created_at < 
 #: and its body goes into the run of whichever ran last), which nothing else looks at again.
 runs_held_by_bodies: Final = sa.select(chords.c.workflow_run_id).where(
     chords.c.body_id.in_(P("body_ids", expanding=True))
+)
+
+#: The runs held open by these chords whose bodies are not written: a header task of
+#: each failed for good, so Celery will never send the body they wait for.
+runs_held_by_unsent_bodies: Final = sa.select(chords.c.body_id, chords.c.workflow_run_id).where(
+    chords.c.body_id.in_(P("body_ids", expanding=True)),
+    ~sa.exists().where(steps.c.workflow_step_id == chords.c.body_id),
 )
 
 

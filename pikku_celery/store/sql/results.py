@@ -16,11 +16,13 @@ from pikku_celery.schema import celery_results as results
 
 __all__ = [
     "READY_STATES",
+    "add_chord_part",
     "chord_parts_done",
     "chords_of_parts",
     "claim_firing",
     "delete_group",
     "delete_result",
+    "due_chords",
     "expire_chord_parts",
     "expire_chords",
     "expire_groups",
@@ -28,12 +30,15 @@ __all__ = [
     "get_group",
     "get_result",
     "get_results",
+    "grow_chord",
     "insert_chord",
     "insert_chord_parts",
     "lock_chord",
+    "mark_sent",
     "notify",
     "part_ids",
     "save_group",
+    "unsent_chords",
     "write_result",
 ]
 
@@ -165,6 +170,34 @@ def insert_chord_parts(dialect: str) -> Insert:
     return statement
 
 
+@cache
+def add_chord_part(dialect: str) -> Insert:
+    """A task added to a chord, after its other parts; once, whatever the redeliveries."""
+    after = (
+        sa.select(sa.func.coalesce(sa.func.max(parts.c.position), -1) + 1)
+        .where(parts.c.group_id == P("chord_id"))
+        .scalar_subquery()
+    )
+    statement: Insert = (
+        _insert(dialect)(parts)
+        .from_select(
+            ["group_id", "task_id", "position"],
+            sa.select(P("chord_id", type_=sa.Text), P("task_id", type_=sa.Text), after),
+        )
+        .on_conflict_do_nothing(index_elements=["group_id", "task_id"])
+        # Says whether it was added: a rowcount of INSERT ... SELECT is not to be trusted.
+        .returning(parts.c.task_id)
+    )
+    return statement
+
+
+#: The chord waits for one more part (one that was added, not yet fired).
+grow_chord: Final = (
+    sa.update(chords)
+    .where(chords.c.group_id == P("chord_id"), chords.c.fired_at.is_(None))
+    .values(size=chords.c.size + 1)
+)
+
 chords_of_parts: Final = (
     sa.select(parts.c.group_id)
     .where(parts.c.task_id.in_(P("task_ids", expanding=True)))
@@ -197,6 +230,38 @@ claim_firing: Final = (
 
 part_ids: Final = (
     sa.select(parts.c.task_id).where(parts.c.group_id == P("chord_id")).order_by(parts.c.position)
+)
+
+#: Chords not fired whose parts all have results, written a while ago: a batch that
+#: wrote a chord's last result while the chord itself landed in another batch, at once,
+#: counted before either committed.
+due_chords: Final = (
+    sa.select(chords.c.group_id)
+    .where(
+        chords.c.fired_at.is_(None),
+        chords.c.created_at < P("before"),
+        chords.c.size
+        <= sa.select(sa.func.count())
+        .select_from(parts.join(results, results.c.task_id == parts.c.task_id))
+        .where(parts.c.group_id == chords.c.group_id, results.c.status.in_(READY_STATES))
+        .scalar_subquery(),
+    )
+    .order_by(chords.c.group_id)
+    .limit(P("limit"))
+)
+
+#: Chords fired a while ago whose body the firing process never said it sent.
+unsent_chords: Final = (
+    sa.select(chords.c.group_id, chords.c.body)
+    .where(chords.c.sent_at.is_(None), chords.c.fired_at < P("before"))
+    .order_by(chords.c.fired_at)
+    .limit(P("limit"))
+)
+
+mark_sent: Final = (
+    sa.update(chords)
+    .where(chords.c.group_id == P("chord_id"), chords.c.sent_at.is_(None))
+    .values(sent_at=P("now"))
 )
 
 expire_chords: Final = sa.delete(chords).where(

@@ -2,7 +2,9 @@
 
 Only the test suite sets ``PIKKU_TEST_CRASH_AT``. A process whose environment
 names the point it reaches (``after_claim:charge``: right after a replay
-claimed the step ``charge``, before its message is sent) SIGKILLs itself
+claimed the step ``charge``, before its message is sent; ``before_chord_send:batch``:
+a batch that claimed chords committed, their bodies not sent;
+``after_result_journaled:shop.add``: a task's result journaled, not yet in SQL) SIGKILLs itself
 there, as a power cut or the OOM killer would.
 """
 
