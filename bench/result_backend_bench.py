@@ -77,6 +77,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=tuple(BY_KEY),
         help=f"some of {','.join(BY_KEY)} (default all)",
     )
+    parser.add_argument(
+        "--pikku-flush-interval",
+        type=float,
+        help="the mirror's flush interval in seconds for the pikku runs (default pikku's own): "
+        "how much of get()'s latency is the wait for the worker's next flush",
+    )
     parser.add_argument("--skip-expiry", action="store_true", help="no cleanup() timing")
     parser.add_argument(
         "--pg-url",
@@ -111,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         expiry=expiry,
         pg_url=args.pg_url,
         redis_url=args.redis_url,
+        flush_interval=args.pikku_flush_interval,
     )
     if settings.rounds < 1:
         raise SystemExit("--rounds must be at least 1")

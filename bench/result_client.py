@@ -191,6 +191,10 @@ def expiry(app: Celery, key: str, rows: int, database_url: str) -> dict[str, Any
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             # What autovacuum would have done to a table that grew this big.
             conn.exec_driver_sql(f"VACUUM ANALYZE {table}")
+        with engine.connect() as conn:
+            loaded = int(conn.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar_one())
+        if loaded != rows + kept:
+            raise SystemExit(f"{key}: {loaded} rows loaded, not {rows + kept}")
         before = cpu_snapshot(None, DATABASES)
         clock = time.perf_counter()
         app.backend.cleanup()

@@ -17,7 +17,10 @@ PART_SHORT: Final = {
     "postgres": "pg",
     "redis": "redis",
     "other": "other",
+    "postgres exited": "pg gone",
 }
+# Backends that ended during the run, any database's; already inside "other".
+EXITED: Final = "postgres exited"
 
 
 def p50(run: Run) -> float:
@@ -43,11 +46,11 @@ def every(runs: Sequence[Run], backend: str, measure: str, figure: Callable[[Run
 
 def cpu_cells(run: Run) -> list[str]:
     per_item = run.cpu_ms_per_item()
-    return [fmt(per_item.get(part, 0.0)) for part in PARTS]
+    return [fmt(per_item.get(part, 0.0)) for part in (*PARTS, EXITED)]
 
 
 def cpu_header(unit: str) -> list[str]:
-    return [f"{PART_SHORT[part]} ms/{unit}" for part in PARTS]
+    return [f"{PART_SHORT[part]} ms/{unit}" for part in (*PARTS, EXITED)]
 
 
 def report_drain(runs: Sequence[Run], settings: Settings) -> None:
@@ -141,13 +144,13 @@ def report_expiry(runs: Sequence[Run], settings: Settings) -> None:
         rows.append(
             [
                 backend.label,
-                f"{top.elapsed:.2f}",
-                every(runs, backend.key, "expiry", lambda run: f"{run.elapsed:.2f}"),
+                f"{top.elapsed * 1000:.0f}",
+                every(runs, backend.key, "expiry", lambda run: f"{run.elapsed * 1000:.0f}"),
                 fmt(per_1000.get("this process", 0.0)),
-                fmt(per_1000.get("postgres", 0.0)),
+                fmt(per_1000.get("postgres", 0.0) + per_1000.get(EXITED, 0.0)),
             ]
         )
-    table(["backend", "seconds", "every round", "client ms/1k", "pg ms/1k"], rows)
+    table(["backend", "ms", "every round", "client ms/1k rows", "pg ms/1k rows"], rows)
 
 
 def _ratio(top: Run | None, bottom: Run | None, figure: Callable[[Run], float]) -> str:

@@ -38,6 +38,8 @@ class Settings:
     expiry: tuple[Backend, ...]
     pg_url: str
     redis_url: str
+    #: ``PIKKU_FLUSH_INTERVAL`` for the pikku runs; None keeps pikku's default.
+    flush_interval: float | None = None
 
 
 @dataclass
@@ -92,6 +94,8 @@ class Bench:
         }
         if database_url is not None:
             settings[DATABASE_ENV] = database_url
+        if backend.key == "pikku" and self.settings.flush_interval is not None:
+            settings["PIKKU_FLUSH_INTERVAL"] = str(self.settings.flush_interval)
         return clean_env(settings)
 
     def run(self, backend: Backend, measure: str, progress: str) -> Run:
