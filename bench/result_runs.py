@@ -113,15 +113,29 @@ class Bench:
             ) as worker:
                 args += ["--worker-pid", str(worker.pid)]
                 output = run_module("bench.result_client", args, env)
-            failures = mirror_failures(log, "Traceback")
+            failures = mirror_failures(log) + raised(log)
             if failures:
                 self.problems.append(
-                    f"{backend.key} {measure}: the worker logged {len(failures)} failures, "
-                    f"the first: {failures[0]}"
+                    f"{backend.key} {measure}: the worker logged {len(failures)} failures: "
+                    + "; ".join(dict.fromkeys(failures))
                 )
         run = Run(backend.key, measure, count, json.loads(output.strip().splitlines()[-1]))
         say(f"[{progress}] {backend.label:<22} {measure:<8} {describe(run)}")
         return run
+
+
+def raised(log: Path) -> list[str]:
+    """The exception line ending each traceback in a worker's log."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    found: list[str] = []
+    inside = False
+    for line in lines:
+        if line.startswith("Traceback"):
+            inside = True
+        elif inside and line and not line[0].isspace():
+            found.append(line)
+            inside = False
+    return found
 
 
 def describe(run: Run) -> str:
@@ -144,6 +158,6 @@ def measure(bench: Bench) -> list[Run]:
             # Rotated rather than reversed: with three or four sides, each takes each place.
             for backend in rotated(settings.backends, round_no):
                 runs.append(bench.run(backend, measure_name, f"{len(runs) + 1}/{total}"))
-        for backend in rotated(settings.expiry, round_no):
+        for backend in rotated(settings.expiry, round_no) if settings.expiry else ():
             runs.append(bench.run(backend, "expiry", f"{len(runs) + 1}/{total}"))
     return runs
