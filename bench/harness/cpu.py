@@ -22,8 +22,9 @@ PARTS: Final = ("this process", "worker main", "worker children", "postgres", "r
 _BACKEND_TITLE: Final = re.compile(r"^postgres: (?:\S+: )?\S+ (\S+) (?:\S+\(\d+\)|\[local\])")
 
 
-def _processes() -> Iterator[tuple[int, str, int, int]]:
-    """(pid, command, parent pid, user + system clock ticks) of every process."""
+def _processes() -> Iterator[tuple[int, str, int, int, int]]:
+    """(pid, command, parent pid, user + system clock ticks, the same of its reaped
+    children) of every process."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -33,7 +34,8 @@ def _processes() -> Iterator[tuple[int, str, int, int]]:
             continue  # gone since the listing
         command = text[text.index("(") + 1 : text.rindex(")")]
         rest = text[text.rindex(")") + 2 :].split()
-        yield int(entry.name), command, int(rest[1]), int(rest[11]) + int(rest[12])
+        own, reaped = int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14])
+        yield int(entry.name), command, int(rest[1]), own, reaped
 
 
 def _serves_other_database(pid: int, databases: Collection[str]) -> bool:
@@ -51,13 +53,21 @@ def cpu_snapshot(worker_pid: int | None, databases: Collection[str] = ()) -> dic
 
     ``postgres`` is the backends of ``databases`` plus the server's own
     processes (WAL writer, checkpointer...), which work for every database
-    alike; other databases' backends fall to "other".
+    alike; other databases' backends fall to "other". ``postgres exited`` (not
+    one of ``PARTS``) is the CPU of backends that ended, whatever their database,
+    as the postmaster that reaped them counts it: a client connecting for each
+    read (Celery's SQLAlchemy backend outside a worker) leaves its backends' work
+    only there.
     """
     if not Path("/proc/stat").exists():
         return {}
     tick = os.sysconf("SC_CLK_TCK")
     used: Counter[str] = Counter()
-    for pid, command, parent, ticks in _processes():
+    processes = list(_processes())
+    servers = {pid for pid, command, *_ in processes if command == "postgres"}
+    for pid, command, parent, ticks, reaped in processes:
+        if command == "postgres" and parent not in servers:
+            used["postgres exited"] += reaped
         if pid == worker_pid:
             used["worker main"] += ticks
         elif parent == worker_pid:
