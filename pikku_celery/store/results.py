@@ -42,6 +42,8 @@ class Results:
         self._insert_chord = sql.results.insert_chord(db.dialect)
         self._insert_parts = sql.results.insert_chord_parts(db.dialect)
         self._add_part = sql.results.add_chord_part(db.dialect)
+        self._expire_results = sql.results.expire_results(db.dialect)
+        self._expire_groups = sql.results.expire_groups(db.dialect)
         # Readers waiting on PostgreSQL are told at COMMIT; SQLite's see data_version move.
         self._notify: sa.Executable | None = by_dialect(
             db.dialect, {"postgresql": sql.results.notify, "sqlite": None}
@@ -216,8 +218,8 @@ class Results:
         returns how many went (call again while it is ``limit`` or more)."""
         params = {"before": before, "limit": limit}
         with self._db.write(None) as c:
-            gone = c.execute(sql.results.expire_results, params).rowcount
-            gone += c.execute(sql.results.expire_groups, params).rowcount
+            gone = c.execute(self._expire_results, params).rowcount
+            gone += c.execute(self._expire_groups, params).rowcount
             chords = c.execute(sql.results.expire_chords, params).rowcount
             if chords:
                 c.execute(sql.results.expire_chord_parts)

@@ -117,25 +117,34 @@ delete_group: Final = sa.delete(groups).where(groups.c.group_id == P("group_id")
 
 # Expiry in batches through the ``updated_at`` index: each statement deletes at most
 # ``limit`` rows, so none holds locks for long however large the backlog.
-expire_results: Final = sa.delete(results).where(
-    results.c.task_id.in_(
-        sa.select(results.c.task_id)
-        .where(results.c.updated_at < P("before"))
-        .order_by(results.c.updated_at)
-        .limit(P("limit"))
-        .scalar_subquery()
-    )
-)
+def _oldest(table: sa.Table, key: sa.Column[Any], dialect: str) -> sa.ColumnElement[bool]:
+    """``key`` is one of the ``limit`` oldest rows written before ``before``.
 
-expire_groups: Final = sa.delete(groups).where(
-    groups.c.group_id.in_(
-        sa.select(groups.c.group_id)
-        .where(groups.c.updated_at < P("before"))
-        .order_by(groups.c.updated_at)
+    On PostgreSQL the ids are gathered into an array first: as ``IN (subquery)`` the
+    planner hash-joins the subquery against a scan of the whole table, so a batch costs
+    as much as the table is large; ``= ANY(ARRAY(...))`` looks each id up in the key's
+    index instead."""
+    oldest = (
+        sa.select(key)
+        .where(table.c.updated_at < P("before"))
+        .order_by(table.c.updated_at)
         .limit(P("limit"))
         .scalar_subquery()
     )
-)
+    if dialect == "postgresql":
+        return key == sa.any_(sa.func.array(oldest))
+    return key.in_(oldest)
+
+
+@cache
+def expire_results(dialect: str) -> sa.Delete:
+    return sa.delete(results).where(_oldest(results, results.c.task_id, dialect))
+
+
+@cache
+def expire_groups(dialect: str) -> sa.Delete:
+    return sa.delete(groups).where(_oldest(groups, groups.c.group_id, dialect))
+
 
 #: PostgreSQL only: readers LISTENing on the channel are told at COMMIT.
 notify: Final = sa.select(sa.func.pg_notify(P("channel"), P("payload")))
