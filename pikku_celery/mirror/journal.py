@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import socket
+import sqlite3
 import struct
 import tempfile
 import threading
@@ -830,6 +831,8 @@ def orphaned_journals(folder: Path, database: str | None = None) -> Iterator[Jou
     wanted = database
     for path in sorted(folder.glob(f"*{SUFFIX}")):
         try:
+            if path.is_file():
+                path = _upgrade(path)
             journal = Journal(path, existing=True)
         except OSError:
             continue  # its process is alive, or another process adopted it first
@@ -845,6 +848,49 @@ def orphaned_journals(folder: Path, database: str | None = None) -> Iterator[Jou
             journal.close(delete_if_empty=False)
             continue
         yield journal
+
+
+def _upgrade(legacy: Path) -> Path:
+    """The journal a process of an earlier version left (one SQLite file), copied into a
+    journal of segments beside it, then deleted; ``OSError`` when its process still runs.
+
+    A crash half way leaves both, and the events are written twice: harmless, as any
+    batch written again.
+    """
+    lock_path = Path(f"{legacy}.lock")
+    lock = _take_lock(lock_path, create=True)
+    try:
+        if not legacy.is_file():
+            # Emptied and deleted by its owner: the lock file goes as an owner's does.
+            lock_path.unlink()
+            raise FileNotFoundError(legacy)
+        upgraded = legacy.with_name(f"{legacy.name[: -len(SUFFIX)]}-upgraded{SUFFIX}")
+        with contextlib.closing(sqlite3.connect(f"file:{legacy}?mode=ro", uri=True)) as db:
+            meta = db.execute("SELECT value FROM meta WHERE name = 'database'").fetchone()
+            events = db.execute("SELECT kind, payload FROM events ORDER BY seq").fetchall()
+            aside = db.execute(
+                "SELECT kind, payload, reason, at FROM set_aside ORDER BY seq"
+            ).fetchall()
+        journal = Journal(upgraded, None if meta is None else str(meta[0]))
+        try:
+            for kind, payload, reason, at in aside:
+                journal.append(str(kind), str(payload))
+                [entry] = journal.peek(1, float("inf"))  # the one event in line
+                journal.set_aside(entry, str(reason), float(at))
+            for kind, payload in events:
+                journal.append(str(kind), str(payload))
+        finally:
+            journal.close(delete_if_empty=False)
+        for leftover in (legacy, Path(f"{legacy}-wal"), Path(f"{legacy}-shm")):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            lock_path.unlink()
+    except sqlite3.Error as exc:
+        raise OSError(f"journal {legacy} of an earlier version cannot be read: {exc}") from exc
+    finally:
+        lock.close()
+    return upgraded
 
 
 # --- other processes' journals, read without their locks ------------------------------

@@ -257,3 +257,35 @@ def test_a_process_killed_mid_stream_leaves_every_appended_event_in_order_once(
     adopted.remove(e.seq for e in entries)
     adopted.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_journal_left_by_an_earlier_version_is_upgraded_and_adopted(tmp_path: Path) -> None:
+    import sqlite3
+
+    legacy = tmp_path / "host-1-old.journal"
+    db = sqlite3.connect(legacy, isolation_level=None)
+    db.execute(
+        "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL,"
+        " payload TEXT NOT NULL, not_before REAL NOT NULL DEFAULT 0, deferred_since REAL)"
+    )
+    db.execute(
+        "CREATE TABLE set_aside (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL,"
+        " payload TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL)"
+    )
+    db.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute("INSERT INTO meta VALUES ('database', 'db')")
+    db.executemany("INSERT INTO events (kind, payload) VALUES ('started', ?)", [("1",), ("2",)])
+    db.execute("INSERT INTO set_aside VALUES (7, 'started', '0', 'a bug', 1.0)")
+    db.close()
+    Path(f"{legacy}.lock").touch()
+
+    [adopted] = orphaned_journals(tmp_path, "db")
+    assert adopted.database == "db"
+    assert (payloads(adopted), adopted.set_aside_count()) == (["1", "2"], 1)
+    assert adopted.restore_set_aside() == 1
+    assert payloads(adopted) == ["0", "1", "2"]
+    adopted.close(delete_if_empty=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "host-1-old-upgraded.journal",
+        "host-1-old-upgraded.journal.lock",
+    ]
