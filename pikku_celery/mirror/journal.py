@@ -512,7 +512,15 @@ class Journal:
         try:
             while batch := counting.read(4096):
                 self._unloaded += sum(1 for seq, _, _ in batch if seq not in self._skip)
-            self._end = max(counting.next_seq, (self._segments or [1])[-1])
+            # Past every seq the files name: after a crash of the machine, the checkpoint
+            # may outlive records it counted, and a new record must not take their seqs.
+            self._end = max(
+                counting.next_seq,
+                checkpoint.low,
+                *(last + 1 for _, last in checkpoint.removed),
+                *(seq + 1 for seq in self._aside),
+                *self._segments[-1:],
+            )
         finally:
             counting.close()
         self._tail = JournalTail(path, checkpoint.low)
@@ -619,6 +627,9 @@ class Journal:
             while len(due) < limit and self._unloaded > 0:
                 loaded = self._load(limit - len(due))
                 if not loaded:
+                    # Nothing more on disk: a count that says otherwise would keep the
+                    # journal (and its flusher) busy for good.
+                    self._unloaded = 0
                     break
                 due.extend(self._entry(e) for e in loaded if self._due(e.seq, now))
             restored = [
