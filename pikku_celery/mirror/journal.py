@@ -285,7 +285,9 @@ class JournalTail:
             return
         self.close()
         self._fd, self._first, self._offset = fd, first, 0
-        # The name says where a segment starts, whatever an earlier one lost at its end.
+        # The name says where a segment starts, whatever an earlier one lost at its end;
+        # a seq read already is never read again.
+        self._floor = max(self._floor, self._seq)
         self._seq = first
 
     def _read_segment(self, out: list[tuple[int, str, str]], limit: int) -> None:
