@@ -115,6 +115,7 @@ get_group: Final = sa.select(groups.c.meta).where(groups.c.group_id == P("group_
 
 delete_group: Final = sa.delete(groups).where(groups.c.group_id == P("group_id"))
 
+
 # Expiry in batches through the ``updated_at`` index: each statement deletes at most
 # ``limit`` rows, so none holds locks for long however large the backlog.
 def _oldest(table: sa.Table, key: sa.Column[Any], dialect: str) -> sa.ColumnElement[bool]:
