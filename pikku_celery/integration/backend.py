@@ -222,8 +222,9 @@ class PikkuBackend(BaseBackend):
         if pikku is None:
             self.store.results.apply_chord(group_id, parts, encoded)
         else:
-            # Journaled like a result: publishing a chord needs no database round trip, and
-            # it lands in SQL no later than the first result of its header.
+            # Journaled like a result: publishing a chord needs no database round trip.
+            # Its header's results may reach SQL first (other processes' journals): the
+            # chord is counted as it lands too.
             pikku.mirror.chord_applied(group_id, parts, encoded)
 
     def add_to_chord(self, chord_id: str, result: Any) -> None:
