@@ -137,6 +137,8 @@ def _follow_replacement(sender: str, headers: dict[str, Any], body: Any) -> None
 # that message went out.
 _RETRY_ETA: Final = "pikku_retry_eta"
 _RETRY_AT: Final = "pikku_retry_at"
+# Chords in chords' headers are followed this deep (a signature could name itself).
+_NESTING: Final = 32
 
 
 def _moment(seconds: float) -> dt.datetime:
@@ -240,6 +242,38 @@ def _chord_body(body: Any) -> str | None:
     embeds the body's frozen signature, whatever finishes the chord later."""
     embed = body[2] if isinstance(body, list | tuple) and len(body) >= 3 else None
     return _awaited_body(embed.get("chord") if isinstance(embed, dict) else None)
+
+
+def _bodies_of_request(request: Any) -> tuple[str, ...]:
+    """The chord bodies a task's failure means Celery will not send: its own chord's, and
+    those of the chain links after it that Celery fails with it (a chain in a chord's
+    header carries the chord on its last link)."""
+    bodies = list(_bodies_up(getattr(request, "chord", None)))
+    for link in getattr(request, "chain", None) or ():
+        if not isinstance(link, dict):
+            continue
+        # A chord in the chain is a link too: the outer chord waits on that chord's body.
+        kwargs = link.get("kwargs")
+        inner = kwargs.get("body") if isinstance(kwargs, dict) else None
+        for signature in (link, inner):
+            options = signature.get("options") if isinstance(signature, dict) else None
+            if isinstance(options, dict):
+                bodies.extend(b for b in _bodies_up(options.get("chord")) if b not in bodies)
+    return tuple(bodies)
+
+
+def _bodies_up(chord: Any) -> tuple[str, ...]:
+    """The task ids of the bodies of a header task's chord and of every chord that chord's
+    body is a part of (a chord in a chord's header), innermost first."""
+    bodies: list[str] = []
+    while isinstance(chord, dict) and len(bodies) < _NESTING:
+        options = chord.get("options")
+        if not isinstance(options, dict):
+            break
+        if options.get("task_id"):
+            bodies.append(str(options["task_id"]))
+        chord = options.get("chord")
+    return tuple(bodies)
 
 
 def _awaited_body(chord: Any) -> str | None:
@@ -445,7 +479,7 @@ def task_failure(
         "failed",
         error,
         orchestrated=orchestrated,
-        chord_body=_awaited_body(getattr(request, "chord", None)),
+        chord_bodies=_bodies_of_request(request),
     )
 
 
@@ -479,7 +513,7 @@ def task_revoked(
         replace.attempt_of(request),
         "cancelled",
         error,
-        chord_body=_awaited_body(getattr(request, "chord", None)),
+        chord_bodies=_bodies_of_request(request),
     )
 
 

@@ -253,7 +253,7 @@ class _Planner:
             self.attempt(event.step_id, event.attempt).gave_up = True
         kind: Any = "replay" if event.orchestrated else event.status
         self.outcome(
-            event.step_id, event.run_id, kind, event.at, event.error_json, event.chord_body
+            event.step_id, event.run_id, kind, event.at, event.error_json, event.chord_bodies
         )
 
     def outcome(
@@ -263,9 +263,11 @@ class _Planner:
         kind: Any,
         at: float,
         error: str | None = None,
-        chord_body: str | None = None,
+        chord_bodies: tuple[str, ...] = (),
     ) -> None:
-        self.batch.outcomes.append(RunOutcome(step_id, run_id, kind, moment(at), error, chord_body))
+        self.batch.outcomes.append(
+            RunOutcome(step_id, run_id, kind, moment(at), error, chord_bodies)
+        )
 
     def finish(self) -> MirrorBatch:
         self.batch.transitions = [row.transition() for row in self._attempts.values() if row.seen]

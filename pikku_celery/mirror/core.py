@@ -476,10 +476,10 @@ class CeleryMirror:
         error: Mapping[str, Any],
         *,
         orchestrated: bool = False,
-        chord_body: str | None = None,
+        chord_bodies: tuple[str, ...] = (),
     ) -> None:
         """Attempt K ended for good (``failed`` or ``cancelled``): so do its step and run,
-        and the run a chord of it holds (``chord_body``: the chord's body, never sent now).
+        and the runs its chords hold (``chord_bodies``: their bodies, never sent now).
 
         ``attempt``/``run_id`` None: the step's current attempt and its run.
         """
@@ -493,7 +493,7 @@ class CeleryMirror:
                 status=status,
                 error_json=self._json(dict(error), "error"),
                 orchestrated=orchestrated,
-                chord_body=chord_body,
+                chord_bodies=chord_bodies,
             )
         )
 

@@ -166,8 +166,9 @@ class AttemptEnded(MirrorEvent):
     status: str
     error_json: str
     orchestrated: bool = False
-    #: The body of the chord whose header the task is in: Celery will never send it now.
-    chord_body: str | None = None
+    #: The bodies of the chords whose header the task is in, innermost first (a chord in
+    #: a chord's header is a part of the outer one): Celery will never send them now.
+    chord_bodies: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +284,8 @@ def decode(kind: str, payload: str) -> MirrorEvent:
         document["new_run"] = tuple(document["new_run"])
     if cls is ChordApplied and isinstance(document.get("parts"), list):
         document["parts"] = tuple(document["parts"])
+    if cls is AttemptEnded and isinstance(document.get("chord_bodies"), list):
+        document["chord_bodies"] = tuple(document["chord_bodies"])
     try:
         return cls(**document)
     except TypeError as exc:

@@ -288,26 +288,39 @@ class Batches:
                     run_id,
                     {"run_id": run_id, "new_status": o.kind, "error": o.error_json, "now": o.at},
                 )
-        for row in self._unsent_bodies(c, outcomes):
+        for row in self._unsent_bodies(c, outcomes, known):
             settle.setdefault(row["run_id"], row)
             complete.pop(row["run_id"], None)
         self._sql.write_outcomes(c, complete, list(settle.values()))
         return replay
 
     def _unsent_bodies(
-        self, c: sa.Connection, outcomes: Sequence[RunOutcome]
+        self,
+        c: sa.Connection,
+        outcomes: Sequence[RunOutcome],
+        known: dict[str, tuple[int, str, Any]],
     ) -> list[dict[str, Any]]:
         """The runs held open by chords whose header task ended for good: Celery fails such
         a chord's body in its backend and never sends it, so each held run fails now.
 
-        Only a step that names its chord is looked up: any other end costs nothing more."""
+        A chord no run holds yet (its other header tasks' publishes are still on their way)
+        is held from now on by the failed task's own run, which has ended: a header task
+        written later finds it held and holds nothing. Only a step that names its chord is
+        looked up: any other end costs nothing more."""
         failed = {
-            o.chord_body: o for o in outcomes if o.chord_body and o.kind in ("failed", "cancelled")
+            body: o
+            for o in outcomes
+            if o.kind in ("failed", "cancelled")
+            for body in o.chord_bodies
         }
         if not failed:
             return []
         held = c.execute(sql.batches.runs_held_by_unsent_bodies, {"body_ids": sorted(failed)})
         rows = []
+        claims = [
+            {"body_id": body, "run_id": o.run_id or known[o.step_id][1], "now": o.at}
+            for body, o in sorted(failed.items())
+        ]
         for body_id, run_id in held.all():
             o = failed[body_id]
             error = {
@@ -321,6 +334,7 @@ class Batches:
             rows.append(
                 {"run_id": run_id, "new_status": "failed", "error": json.dumps(error), "now": o.at}
             )
+        self._db.run_many(c, self._open_chord, claims)
         return rows
 
 

@@ -93,8 +93,9 @@ class RunOutcome:
     ``complete``: the run completes if every step of it succeeded. ``failed``
     and ``cancelled`` end a run that is still going. ``replay``: a durable
     workflow's run decides its outcome itself; it is only reported back.
-    ``chord_body``: the step is a header task of that chord, whose body Celery will
-    not send now; a run the chord holds open (another header task's) fails too.
+    ``chord_bodies``: the step is a header task of these chords (a chord in a chord's
+    header is a part of the outer one), whose bodies Celery will not send now; a run one
+    of them holds open (another header task's) fails too.
     """
 
     step_id: str
@@ -102,7 +103,7 @@ class RunOutcome:
     kind: Literal["complete", "failed", "cancelled", "replay"]
     at: dt.datetime
     error_json: str | None = None
-    chord_body: str | None = None
+    chord_bodies: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

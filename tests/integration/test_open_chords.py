@@ -171,10 +171,97 @@ def test_a_header_task_failing_for_good_fails_the_run_its_chord_holds(
                 failing, 1, "failed", moment, ended_at=moment, error_json=error, gave_up=True
             )
         ],
-        outcomes=[RunOutcome(failing, None, "failed", moment, error, chord_body=body_id)],
+        outcomes=[RunOutcome(failing, None, "failed", moment, error, chord_bodies=(body_id,))],
     )
     assert store.get_run(failing).status == "failed"
     run = store.get_run(held)
     assert run.status == "failed"
     assert run.error is not None and run.error["type"] == "celery.exceptions.ChordError"
     assert failing in run.error["message"] and body_id in run.error["message"]
+
+
+def test_a_failed_task_of_a_chord_in_a_chords_header_fails_the_run_the_outer_chord_holds(
+    store: WorkflowStore,
+) -> None:
+    # chord([add.s(1, 1), chord([fail.s()], inner.s())], outer.s()) outside any run: the
+    # failing task's own chord is the inner one, whose body is a part of the outer chord;
+    # Celery fails both bodies and sends neither.
+    outer, inner = str(uuid.uuid4()), str(uuid.uuid4())
+    held = str(uuid.uuid4())
+    step = dataclasses.replace(
+        new_step(
+            store,
+            held,
+            "add",
+            rpc_name="shop.add",
+            step_id=held,
+            new_run=NewRun("shop.add", {"args": [1, 1]}, {"type": "task"}),
+        ),
+        chord_body=outer,
+    )
+    failing = str(uuid.uuid4())
+    other = new_step(
+        store,
+        failing,
+        "fail",
+        rpc_name="shop.fail",
+        step_id=failing,
+        new_run=NewRun("shop.fail", {"args": []}, {"type": "task"}),
+    )
+    apply(store, steps=[step, other])
+    start(store, held)
+    succeed(store, held, 1, 2)
+    start(store, failing)
+    moment = dt.datetime.now(dt.timezone.utc)
+    error = json.dumps({"type": "ValueError", "message": "bad", "traceback": None})
+    apply(
+        store,
+        transitions=[
+            StepTransition(
+                failing, 1, "failed", moment, ended_at=moment, error_json=error, gave_up=True
+            )
+        ],
+        outcomes=[RunOutcome(failing, None, "failed", moment, error, chord_bodies=(inner, outer))],
+    )
+    run = store.get_run(held)
+    assert run.status == "failed"
+    assert run.error is not None and outer in run.error["message"]
+
+
+def test_a_header_task_failed_before_the_others_are_written_leaves_no_run_held(
+    store: WorkflowStore,
+) -> None:
+    # The failure reaches SQL before the publish of the chord's other header task (another
+    # process's journal): that task's run, written later, must not wait for the body.
+    body_id, failing, late = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    first = new_step(
+        store,
+        failing,
+        "fail",
+        rpc_name="shop.fail",
+        step_id=failing,
+        new_run=NewRun("shop.fail", {"args": []}, {"type": "task"}),
+    )
+    # The first link of a chain in the chord's header: its publish names no chord.
+    apply(store, steps=[first])
+    start(store, failing)
+    moment = dt.datetime.now(dt.timezone.utc)
+    error = json.dumps({"type": "ValueError", "message": "bad", "traceback": None})
+    failure = StepTransition(
+        failing, 1, "failed", moment, ended_at=moment, error_json=error, gave_up=True
+    )
+    outcome = RunOutcome(failing, None, "failed", moment, error, chord_bodies=(body_id,))
+    apply(store, transitions=[failure], outcomes=[outcome])
+    later = new_step(
+        store,
+        late,
+        "add",
+        rpc_name="shop.add",
+        step_id=late,
+        new_run=NewRun("shop.add", {"args": [1, 1]}, {"type": "task"}),
+    )
+    apply(store, steps=[dataclasses.replace(later, chord_body=body_id)])
+    start(store, late)
+    succeed(store, late, 1, 2)
+    assert store.get_run(late).status == "completed"
+    assert store.get_run(failing).status == "failed"
