@@ -13,12 +13,42 @@ import datetime as dt
 import json
 import uuid
 
-from pikku_celery.store import NewRun, RunOutcome, StepTransition, WorkflowStore
+from pikku_celery.store import NewRun, NewStep, RunOutcome, StepTransition, WorkflowStore
 from tests.support.transitions import apply, new_step, start, succeed
 
 
 def _run(store: WorkflowStore) -> str:
     return store.create_run("totals", {"args": [], "kwargs": {}}, wire={"type": "canvas"})
+
+
+def lone_task(store: WorkflowStore, name: str, body_id: str | None = None) -> NewStep:
+    """A task published outside any run (a run of its own), in the header of the chord
+    whose body is ``body_id`` when its message says so."""
+    step_id = str(uuid.uuid4())
+    step = new_step(
+        store,
+        step_id,
+        name,
+        rpc_name=f"shop.{name}",
+        step_id=step_id,
+        new_run=NewRun(f"shop.{name}", {"args": []}, {"type": "task"}),
+    )
+    return dataclasses.replace(step, chord_body=body_id)
+
+
+def fail_for_good(store: WorkflowStore, step_id: str, *bodies: str) -> None:
+    """The step's attempt failed for good, naming the bodies of the chords it was in."""
+    moment = dt.datetime.now(dt.timezone.utc)
+    error = json.dumps({"type": "ValueError", "message": "bad", "traceback": None})
+    apply(
+        store,
+        transitions=[
+            StepTransition(
+                step_id, 1, "failed", moment, ended_at=moment, error_json=error, gave_up=True
+            )
+        ],
+        outcomes=[RunOutcome(step_id, None, "failed", moment, error, chord_bodies=bodies)],
+    )
 
 
 def test_a_run_waits_for_its_chords_body_after_the_header_succeeded(store: WorkflowStore) -> None:
@@ -139,22 +169,7 @@ def test_a_header_task_failing_for_good_fails_the_run_its_chord_holds(
     # fails the body in its backend and never sends it, so the run that held the chord
     # for it must end then, not stay running for ever.
     body_id = str(uuid.uuid4())
-    header = []
-    for n in (1, 2):
-        step_id = str(uuid.uuid4())
-        header.append(
-            dataclasses.replace(
-                new_step(
-                    store,
-                    step_id,
-                    "add",
-                    rpc_name="shop.add",
-                    step_id=step_id,
-                    new_run=NewRun("shop.add", {"args": [n, n]}, {"type": "task"}),
-                ),
-                chord_body=body_id,
-            )
-        )
+    header = [lone_task(store, "add", body_id), lone_task(store, "refuse", body_id)]
     apply(store, steps=header)
     held, failing = header[0].step_id, header[1].step_id
     start(store, held)
@@ -162,17 +177,7 @@ def test_a_header_task_failing_for_good_fails_the_run_its_chord_holds(
     assert store.get_run(held).status == "running"
 
     start(store, failing)
-    moment = dt.datetime.now(dt.timezone.utc)
-    error = json.dumps({"type": "ValueError", "message": "bad", "traceback": None})
-    apply(
-        store,
-        transitions=[
-            StepTransition(
-                failing, 1, "failed", moment, ended_at=moment, error_json=error, gave_up=True
-            )
-        ],
-        outcomes=[RunOutcome(failing, None, "failed", moment, error, chord_bodies=(body_id,))],
-    )
+    fail_for_good(store, failing, body_id)
     assert store.get_run(failing).status == "failed"
     run = store.get_run(held)
     assert run.status == "failed"
@@ -187,43 +192,13 @@ def test_a_failed_task_of_a_chord_in_a_chords_header_fails_the_run_the_outer_cho
     # failing task's own chord is the inner one, whose body is a part of the outer chord;
     # Celery fails both bodies and sends neither.
     outer, inner = str(uuid.uuid4()), str(uuid.uuid4())
-    held = str(uuid.uuid4())
-    step = dataclasses.replace(
-        new_step(
-            store,
-            held,
-            "add",
-            rpc_name="shop.add",
-            step_id=held,
-            new_run=NewRun("shop.add", {"args": [1, 1]}, {"type": "task"}),
-        ),
-        chord_body=outer,
-    )
-    failing = str(uuid.uuid4())
-    other = new_step(
-        store,
-        failing,
-        "fail",
-        rpc_name="shop.fail",
-        step_id=failing,
-        new_run=NewRun("shop.fail", {"args": []}, {"type": "task"}),
-    )
-    apply(store, steps=[step, other])
-    start(store, held)
-    succeed(store, held, 1, 2)
-    start(store, failing)
-    moment = dt.datetime.now(dt.timezone.utc)
-    error = json.dumps({"type": "ValueError", "message": "bad", "traceback": None})
-    apply(
-        store,
-        transitions=[
-            StepTransition(
-                failing, 1, "failed", moment, ended_at=moment, error_json=error, gave_up=True
-            )
-        ],
-        outcomes=[RunOutcome(failing, None, "failed", moment, error, chord_bodies=(inner, outer))],
-    )
-    run = store.get_run(held)
+    held, failing = lone_task(store, "add", outer), lone_task(store, "fail", inner)
+    apply(store, steps=[held, failing])
+    start(store, held.step_id)
+    succeed(store, held.step_id, 1, 2)
+    start(store, failing.step_id)
+    fail_for_good(store, failing.step_id, inner, outer)
+    run = store.get_run(held.step_id)
     assert run.status == "failed"
     assert run.error is not None and outer in run.error["message"]
 
@@ -233,35 +208,14 @@ def test_a_header_task_failed_before_the_others_are_written_leaves_no_run_held(
 ) -> None:
     # The failure reaches SQL before the publish of the chord's other header task (another
     # process's journal): that task's run, written later, must not wait for the body.
-    body_id, failing, late = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
-    first = new_step(
-        store,
-        failing,
-        "fail",
-        rpc_name="shop.fail",
-        step_id=failing,
-        new_run=NewRun("shop.fail", {"args": []}, {"type": "task"}),
-    )
-    # The first link of a chain in the chord's header: its publish names no chord.
+    body_id = str(uuid.uuid4())
+    first = lone_task(store, "fail")  # a chain's first link: its publish names no chord
     apply(store, steps=[first])
-    start(store, failing)
-    moment = dt.datetime.now(dt.timezone.utc)
-    error = json.dumps({"type": "ValueError", "message": "bad", "traceback": None})
-    failure = StepTransition(
-        failing, 1, "failed", moment, ended_at=moment, error_json=error, gave_up=True
-    )
-    outcome = RunOutcome(failing, None, "failed", moment, error, chord_bodies=(body_id,))
-    apply(store, transitions=[failure], outcomes=[outcome])
-    later = new_step(
-        store,
-        late,
-        "add",
-        rpc_name="shop.add",
-        step_id=late,
-        new_run=NewRun("shop.add", {"args": [1, 1]}, {"type": "task"}),
-    )
-    apply(store, steps=[dataclasses.replace(later, chord_body=body_id)])
-    start(store, late)
-    succeed(store, late, 1, 2)
-    assert store.get_run(late).status == "completed"
-    assert store.get_run(failing).status == "failed"
+    start(store, first.step_id)
+    fail_for_good(store, first.step_id, body_id)
+    later = lone_task(store, "add", body_id)
+    apply(store, steps=[later])
+    start(store, later.step_id)
+    succeed(store, later.step_id, 1, 2)
+    assert store.get_run(later.step_id).status == "completed"
+    assert store.get_run(first.step_id).status == "failed"
