@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from pikku_celery.errors import StoreError
 from pikku_celery.mirror.batches import BATCH_SIZE, BatchWriter, ChordsFired, Committed
@@ -65,6 +66,18 @@ class DeliveryStats:
     batches: int
     set_aside: int
     lags: list[float]
+
+
+# Celery's ready states: what AsyncResult.get() waits for.
+_READY: Final = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
+
+
+def _awaited(event: MirrorEvent) -> bool:
+    """Whether a reader waits for this event's batch (``AsyncResult.get()`` for a ready
+    result; the task's own end was journaled before it), so that after an idle spell it
+    is written at once. A publish never is: a canvas's run must not be written with only
+    some of its steps, and a STARTED or progress state has nobody waiting on it."""
+    return isinstance(event, ResultStored) and event.state in _READY
 
 
 class Delivery:
@@ -201,8 +214,7 @@ class Delivery:
         journal = self._journal or self._open()
         journal.append(event.kind, encode(event))
         self._appended += 1
-        # A result is what a reader's get() waits for; the task's own end came before it.
-        self._flusher.wake(at_once=isinstance(event, ResultStored))
+        self._flusher.wake(at_once=_awaited(event))
 
     def _open(self) -> Journal:
         with self._lock:
