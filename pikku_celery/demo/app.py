@@ -8,11 +8,14 @@ Configured from the environment by the demo command: ``PIKKU_DEMO_BROKER_URL``
 from __future__ import annotations
 
 import os
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
 from kombu.transport import filesystem
+from kombu.utils.json import dumps
 
 from pikku_celery.app import PikkuCelery
 
@@ -23,7 +26,8 @@ _broker = os.environ.get("PIKKU_DEMO_BROKER_URL") or "filesystem://"
 
 
 class _Channel(filesystem.Channel):
-    """kombu's filesystem channel, which makes its folders when the broker is first used."""
+    """kombu's filesystem channel, which makes its folders when the broker is first used
+    and puts each message in place whole."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -31,6 +35,17 @@ class _Channel(filesystem.Channel):
         # must leave nothing behind in the current folder; publishing or consuming writes.
         for folder in (self.data_folder_in, self.data_folder_out, self.control_folder):
             Path(folder).mkdir(parents=True, exist_ok=True)
+
+    # kombu's filesystem channel widens the base channel's _put (**kwargs): so does this.
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        # kombu creates the message file, then locks and writes it: a worker that opens it
+        # in between reads it empty and its consumer dies on the JSON. A file written
+        # under a name the worker skips, then renamed, is whole when it is seen.
+        name = f"{round(time.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        folder = Path(self.data_folder_out)
+        partial = folder / f".{uuid.uuid4()}.partial"
+        partial.write_bytes(dumps(payload).encode())
+        os.replace(partial, folder / name)
 
 
 class FolderMakingTransport(filesystem.Transport):
