@@ -134,9 +134,19 @@ class StatsRecorder:
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / f"{role}-{pid}.json").write_text(json.dumps(record))
 
+    def on_received(self, request: Any = None, **_: Any) -> None:
+        """A prefork main process runs no task, but writes its pool processes' events: its
+        mark is taken when it receives the timed run's first message."""
+        if os.getpid() in self.marks or not str(getattr(request, "name", "")).startswith("bench."):
+            return
+        args = getattr(request, "args", None)
+        if args and not str(args[0]).endswith(":warm"):
+            self.mark()
+
     def install_mark(self) -> None:
         """Connected before PikkuCelery's handlers: the mark precedes the task's first event."""
         signals.task_prerun.connect(self.on_prerun, weak=False, dispatch_uid="bench.mark")
+        signals.task_received.connect(self.on_received, weak=False, dispatch_uid="bench.mark_main")
 
     def install_dumps(self, pikku: PikkuCelery) -> None:
         """Connected after PikkuCelery's handlers, so these run after the mirror's own."""

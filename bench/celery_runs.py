@@ -65,7 +65,7 @@ def load_delivery(folder: Path) -> Delivery:
     lags: list[float] = []
     for record in records:
         total, mark = record["total"], record["mark"]
-        if mark is None:  # this process ran no task of the timed run (a prefork main process)
+        if mark is None:  # this process saw no task of the timed run
             mark = {"appended": 0, "written": 0, "batches": 0, "lags": []}
         appended += total["appended"] - mark["appended"]
         written += total["written"] - mark["written"]

@@ -570,8 +570,19 @@ def _hostname(sender: Any) -> str:
 @_isolated
 def worker_init(sender: Any = None, **_: Any) -> None:
     control.worker_started()
+    forks = _forks_a_pool(sender)
     for pikku in registry.values():
         pikku.prepare_upkeep(_hostname(sender))
+        if forks:
+            # Its pool processes then only append: one flusher per node, not per process.
+            pikku.mirror.serve_node()
+
+
+def _forks_a_pool(worker: Any) -> bool:
+    """Whether the worker runs its tasks in processes it forks (the prefork pool)."""
+    pool = getattr(worker, "pool_cls", None)
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
+    return any(alias in str(name) for alias in ("prefork", "processes"))
 
 
 @_isolated

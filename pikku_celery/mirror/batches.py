@@ -1,22 +1,28 @@
-"""A journal's due events written to SQL in batches, and the poison split.
+"""Journals' due events written to SQL in batches, and the poison split.
 
-Each batch is at most ``batch_size`` events, planned by ``apply`` and written
-in one transaction; its events leave the journal only after COMMIT returned.
-A batch that fails for any reason but an outage holds an event that can never
-be applied (a poison event): the batch is split in halves, each written on its
-own, until that event is alone and set aside, so the events around it land.
+A batch may hold the events of several journals (a worker node's pool
+processes), each journal's in its order. Each batch is at most ``batch_size``
+events, planned by ``apply`` and written in one transaction; its events leave
+their journals only after COMMIT returned. A batch that fails for any reason
+but an outage holds an event that can never be applied (a poison event): the
+batch is split in halves, each written on its own, until that event is alone
+and set aside, so the events around it land.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from pikku_celery.errors import StoreConflict
+from pikku_celery.faults import crash_point
 from pikku_celery.mirror.apply import Pending, plan
 from pikku_celery.mirror.deferral import Deferral
 from pikku_celery.mirror.events import ResultStored, decode
@@ -73,14 +79,22 @@ class BatchWriter:
 
     def flush_journal(self, journal: Journal) -> bool:
         """Write a journal's due events in batches; False when the database is away."""
+        return self.flush_journals((journal,))
+
+    def flush_journals(self, journals: Sequence[Journal]) -> bool:
+        """Write the due events of every journal in shared batches (each journal's in its
+        order, the journals' merged by the time of their events); False when the database
+        is away."""
         with self._lock:
             while True:
-                entries = journal.peek(self.batch_size, time.time())
-                if not entries:
-                    self._caught_up(journal)
+                now = time.time()
+                peeked = [(journal, journal.peek(self.batch_size, now)) for journal in journals]
+                total = sum(len(entries) for _, entries in peeked)
+                if not total:
+                    self._caught_up(journals)
                     return True
                 try:
-                    self._write(journal, entries)
+                    taken = self._write(peeked, now)
                 except Exception as exc:
                     if not an_outage(exc):
                         raise
@@ -93,84 +107,130 @@ class BatchWriter:
                             extra={"action": "mirror_batch_conflict"},
                         )
                         return True
-                    self._outage.began(journal, exc)
+                    self._outage.began(next(j for j, e in peeked if e), exc)
                     return False
-                self._outage.wrote(len(entries))
-                if len(entries) < self.batch_size:
-                    self._caught_up(journal)
+                self._outage.wrote(taken)
+                if total < self.batch_size:
+                    self._caught_up(journals)
                     return True
 
-    def _caught_up(self, journal: Journal) -> None:
-        if journal is self._own_journal():
+    def _caught_up(self, journals: Sequence[Journal]) -> None:
+        if self._own_journal() in journals:
             self._outage.caught_up()
 
-    def _write(self, journal: Journal, entries: Sequence[JournalEntry]) -> None:
-        now = time.time()
+    def forget(self, journal: Journal) -> None:
+        """A journal that is gone: nothing of it is held any more."""
+        self._held.pop(str(journal.path), None)
+
+    def _write(self, peeked: Sequence[tuple[Journal, Sequence[JournalEntry]]], now: float) -> int:
+        """Write one batch of what was peeked; returns how many events it took."""
         grace = self._deferral.grace
-        pending: list[Pending] = []
-        for entry in entries:
-            try:
-                event = decode(entry.kind, entry.payload)
-            except ValueError as exc:
-                self._deferral.put_aside(journal, entry, f"not a mirror event: {exc}")
-                continue
-            waited = entry.deferred_since is not None and now - entry.deferred_since > grace
-            pending.append(Pending(entry.seq, event, waited))
-        by_seq = {e.seq: e for e in entries}
-        behind = self._behind_their_step(journal, pending)
+        lanes: list[list[_Item]] = []
+        for journal, entries in peeked:
+            lane: list[_Item] = []
+            for entry in entries:
+                try:
+                    event = decode(entry.kind, entry.payload)
+                except ValueError as exc:
+                    self._deferral.put_aside(journal, entry, f"not a mirror event: {exc}")
+                    continue
+                waited = entry.deferred_since is not None and now - entry.deferred_since > grace
+                lane.append(_Item(journal, entry, Pending(entry.seq, event, waited)))
+            if lane:
+                lanes.append(lane)
+        # One journal is one process's events in order; across processes, the order the
+        # events happened in (a task retried in one pool process and run in another).
+        items = (
+            lanes[0][: self.batch_size]
+            if len(lanes) == 1
+            else list(itertools.islice(heapq.merge(*lanes, key=_when), self.batch_size))
+        )
+        behind = self._behind_their_step(items)
         if behind:
-            self._deferral.defer(journal, behind, by_seq, now)
-            pending = [p for p in pending if p not in behind]
-        self._write_pending(journal, pending, by_seq)
+            for journal, lane in _by_journal(behind):
+                self._deferral.defer(
+                    journal, [i.pending for i in lane], {i.entry.seq: i.entry for i in lane}, now
+                )
+            waiting = {id(i) for i in behind}
+            items = [i for i in items if id(i) not in waiting]
+        self._write_pending(items)
+        return len(items) + len(behind)
 
-    def _behind_their_step(self, journal: Journal, pending: Sequence[Pending]) -> list[Pending]:
-        """Results whose step has an earlier event deferred in this journal, not in this
+    def _behind_their_step(self, items: Sequence[_Item]) -> list[_Item]:
+        """Results whose step has an earlier event deferred in their journal, not in this
         batch: they wait for it (journal order is the attempt's, then its result)."""
-        held = self._held.get(str(journal.path))
-        if not held:
+        if not any(self._held.values()):
             return []
-        present = {p.event.step_id for p in pending if not isinstance(p.event, ResultStored)}
-        return [
-            p
-            for p in pending
-            if isinstance(p.event, ResultStored)
-            and p.event.step_id in held
-            and p.event.step_id not in present
-        ]
+        present = {
+            (id(i.journal), i.pending.event.step_id)
+            for i in items
+            if not isinstance(i.pending.event, ResultStored)
+        }
+        behind = []
+        for item in items:
+            event = item.pending.event
+            if (
+                isinstance(event, ResultStored)
+                and event.step_id in self._held.get(str(item.journal.path), ())
+                and (id(item.journal), event.step_id) not in present
+            ):
+                behind.append(item)
+        return behind
 
-    def _write_pending(
-        self, journal: Journal, pending: Sequence[Pending], entries: Mapping[int, JournalEntry]
-    ) -> None:
-        if not pending:
+    def _write_pending(self, items: Sequence[_Item]) -> None:
+        if not items:
             return
         store = self._store()
+        if any(i.journal.external for i in items):
+            crash_point("before_commit", "node")  # a node's flusher dies with others' events
         try:
-            result = store.batches.apply_batch(plan(pending))
+            result = store.batches.apply_batch(plan([i.pending for i in items]))
         except Exception as exc:
             if an_outage(exc):
                 raise
-            if len(pending) > 1:  # a poison event: split until it is alone
-                half = len(pending) // 2
-                self._write_pending(journal, pending[:half], entries)
-                self._write_pending(journal, pending[half:], entries)
+            if len(items) > 1:  # a poison event: split until it is alone
+                half = len(items) // 2
+                self._write_pending(items[:half])
+                self._write_pending(items[half:])
                 return
-            self._deferral.put_aside(journal, entries[pending[0].seq], _reason(exc))
+            self._deferral.put_aside(items[0].journal, items[0].entry, _reason(exc))
             return
         committed = time.time()
-        waiting = [p for p in pending if p.event.step_id in result.missing]
-        done = [p for p in pending if p.event.step_id not in result.missing]
-        journal.remove(p.seq for p in done)
-        self._deferral.defer(journal, waiting, entries, committed)
-        held = self._held.setdefault(str(journal.path), set())
-        held.difference_update(p.event.step_id for p in done)
-        held.update(p.event.step_id for p in waiting)
-        self.written += len(done)
+        for journal, lane in _by_journal(items):
+            waiting = [i.pending for i in lane if i.pending.event.step_id in result.missing]
+            done = [i.pending for i in lane if i.pending.event.step_id not in result.missing]
+            journal.remove(p.seq for p in done)
+            self._deferral.defer(journal, waiting, {i.entry.seq: i.entry for i in lane}, committed)
+            held = self._held.setdefault(str(journal.path), set())
+            held.difference_update(p.event.step_id for p in done)
+            held.update(p.event.step_id for p in waiting)
+            self.written += len(done)
+            self.lags.extend(committed - p.event.at for p in done)
         self.batches += 1
-        self.lags.extend(committed - p.event.at for p in done)
         if result.replay:
             self._committed(result.replay)
         if result.fired:
             self._fired(result.fired)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Item:
+    """An event of a batch, with the journal and the entry it came from."""
+
+    journal: Journal
+    entry: JournalEntry
+    pending: Pending
+
+
+def _when(item: _Item) -> float:
+    return item.pending.event.at
+
+
+def _by_journal(items: Iterable[_Item]) -> list[tuple[Journal, list[_Item]]]:
+    lanes: dict[int, tuple[Journal, list[_Item]]] = {}
+    for item in items:
+        lanes.setdefault(id(item.journal), (item.journal, []))[1].append(item)
+    return list(lanes.values())
 
 
 def _reason(exc: BaseException) -> str:

@@ -192,6 +192,11 @@ class CeleryMirror:
         """Start this process's flusher now (it adopts journals of processes that are gone)."""
         self.delivery.start()
 
+    def serve_node(self) -> None:
+        """Write the journals of the processes this one forks from now on: they only append
+        (a prefork worker's main process, before its pool starts)."""
+        self.delivery.serve_node()
+
     def flush(self) -> bool:
         """Write what this process journaled, now; False when the database is away."""
         return self.delivery.flush()

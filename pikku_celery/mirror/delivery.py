@@ -11,19 +11,25 @@ when it caught up (``mirror_caught_up``).
 The same thread adopts journals of processes that are gone (a killed pool
 child, a publisher that exited) every ``adopt_interval`` seconds. After a
 fork, the child starts with no journal and no thread of its own: its
-parent's stay the parent's.
+parent's stay the parent's. A worker's main process serves its node
+(:meth:`Delivery.serve_node`): the pool processes it forks then only append,
+and its flusher writes their journals with its own in shared batches
+(``node``).
 
 Each of those jobs is a module of its own, which :class:`Delivery` puts
 together: ``flusher`` (the thread and its pace), ``batches`` (batches and the
 poison split), ``deferral`` (events that wait, events set aside),
-``orphans`` (adoption), ``ledger`` (pruning the counted deliveries) and
-``outage`` (what the log says while the database is away).
+``orphans`` (adoption), ``node`` (a node's journals), ``ledger`` (pruning the
+counted deliveries) and ``outage`` (what the log says while the database is
+away).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,8 +42,9 @@ from pikku_celery.mirror.deferral import GRACE, Deferral
 from pikku_celery.mirror.events import MirrorEvent, ResultStored, encode
 from pikku_celery.mirror.flusher import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, Flusher
 from pikku_celery.mirror.forks import ForkGuard, keep_inherited
-from pikku_celery.mirror.journal import Journal
+from pikku_celery.mirror.journal import Journal, Role
 from pikku_celery.mirror.ledger import Ledger
+from pikku_celery.mirror.node import NodeJournals
 from pikku_celery.mirror.orphans import ADOPT_INTERVAL, Orphans
 from pikku_celery.mirror.outage import Outage
 from pikku_celery.store import FiredChord, WorkflowStore
@@ -112,11 +119,22 @@ class Delivery:
         self._listeners: list[Committed] = []
         self._fired_listeners: list[ChordsFired] = []
         self._fork = ForkGuard(self._after_fork)
+        # The process serving its node (see serve_node): set in it, inherited by its children.
+        self._node_pid: int | None = None
+        # Written by a pool process when a reader waits for its event (a ready result): the
+        # node's flusher, which otherwise looks every interval, then writes it at once.
+        self._node_wake: int | None = None
         self._reset()
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._journal: Journal | None = None
+        # A pool process of a served node: it appends, its parent writes.
+        self.append_only = self._node_pid not in (None, os.getpid()) and (
+            self._node_pid == os.getppid()
+        )
+        self._node: NodeJournals | None = None
+        self._node_lock = threading.Lock()  # one pass over the node's journals at a time
         self._appended = 0
         outage = Outage()
         self._deferral = Deferral(flush_interval=self.flush_interval, grace=self.grace)
@@ -136,14 +154,54 @@ class Delivery:
             adopt_interval=self.adopt_interval,
         )
         self._flusher = Flusher(
-            lambda: self._journal,
-            self._batches.flush_journal,
+            self._journals,
+            self._flush_journals,
+            poll=lambda: self._node is not None,
             outage=outage,
             orphans=self._orphans,
             ledger=Ledger(self._store),
             flush_interval=self.flush_interval,
             adopt_interval=self.adopt_interval,
         )
+
+    def serve_node(self) -> None:
+        """From now on, the processes this one forks only append to their journals, and
+        this one's flusher writes them (a worker's main process, before its pool starts)."""
+        self._this_process()
+        with self._lock:
+            self._node_pid = os.getpid()
+            if self._node_wake is None:
+                read, self._node_wake = os.pipe()
+                os.set_blocking(self._node_wake, False)
+                threading.Thread(
+                    target=self._hear_node, args=(read,), name="pikku-celery-node", daemon=True
+                ).start()
+            if self._node is None:
+                self._node = NodeJournals(
+                    self._folder,
+                    self._database,
+                    lambda: self._journal,
+                    self._batches.forget,
+                    retry_after=self.adopt_interval,
+                )
+
+    def _hear_node(self, read: int) -> None:
+        while os.read(read, 4096):
+            self._flusher.wake(at_once=True)
+
+    def _journals(self) -> list[Journal] | None:
+        """This process's journal, then its node's (None: it has none, the flusher ends)."""
+        journal = self._journal
+        if journal is None:
+            return None
+        return [journal] if self._node is None else [journal, *self._node.refresh()]
+
+    def _flush_journals(self, journals: Sequence[Journal]) -> bool:
+        with self._node_lock:
+            ok = self._batches.flush_journals(journals)
+            if ok and self._node is not None:
+                self._node.sweep_when_due()
+            return ok
 
     def _after_fork(self) -> None:
         if self._journal is not None:
@@ -214,12 +272,19 @@ class Delivery:
         journal = self._journal or self._open()
         journal.append(event.kind, encode(event))
         self._appended += 1
-        self._flusher.wake(at_once=_awaited(event))
+        if not self.append_only:
+            self._flusher.wake(at_once=_awaited(event))
+        elif self._node_wake is not None and _awaited(event):
+            with contextlib.suppress(OSError):  # full: the flusher is woken already
+                os.write(self._node_wake, b"!")
 
     def _open(self) -> Journal:
         with self._lock:
             if self._journal is None:
-                self._journal = Journal.for_process(self._folder(), self, self._database())
+                role: Role = "append" if self.append_only else "own"
+                self._journal = Journal.for_process(
+                    self._folder(), self, self._database(), role=role
+                )
                 self._start()
             return self._journal
 
@@ -229,6 +294,9 @@ class Delivery:
         self._open()
 
     def _start(self) -> None:
+        if self.append_only:
+            atexit.register(self.close)  # lets its journal go; the node's flusher writes it
+            return
         if not self.background:
             return  # the owner calls flush() itself
         if self._flusher.start():
@@ -239,8 +307,13 @@ class Delivery:
     def flush(self) -> bool:
         """Write every event that is due now; False when the database is away."""
         self._this_process()
-        journal = self._journal
-        return True if journal is None else self.flush_journal(journal)
+        if self.append_only:
+            return True  # the node's flusher writes what this process appends
+        journal, node = self._journal, self._node
+        journals = [] if journal is None else [journal]
+        if node is not None:
+            journals += node.refresh()
+        return self._flush_journals(journals) if journals else True
 
     def flush_journal(self, journal: Journal) -> bool:
         """Write a journal's due events in batches; False when the database is away."""
@@ -252,6 +325,8 @@ class Delivery:
         ``set_aside_too``: first put back the events they set aside (once their cause
         is fixed), so they are tried again.
         """
+        if self._node is not None:
+            self.flush()  # a dead pool process's journal is most often claimed already
         return self._orphans.adopt(set_aside_too=set_aside_too)
 
     # --- the end ----------------------------------------------------------------------
@@ -286,11 +361,21 @@ class Delivery:
             journal, self._journal = self._journal, None
             thread = self._flusher.halt()
         self._flusher.join(thread, timeout)
-        if journal is None:
+        node = self._node
+        if self.append_only or (journal is None and node is None):
+            if journal is not None:
+                journal.close()  # the node's flusher writes it, and deletes it once empty
+                atexit.unregister(self.close)
             return
+        journals = [] if journal is None else [journal]
+        if node is not None:
+            journals += node.refresh()
         try:
-            self.flush_journal(journal)
+            self._flush_journals(journals)
         except StoreError:
             pass  # the database is away: the journal keeps the events
-        journal.close()
+        if node is not None:
+            node.close()
+        if journal is not None:
+            journal.close()
         atexit.unregister(self.close)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from pikku_celery.mirror.deferral import RETRY_FIRST, RETRY_MOST
@@ -35,25 +35,30 @@ ENV_FLUSH_INTERVAL: Final = "PIKKU_FLUSH_INTERVAL"
 
 
 class Flusher:
-    """The thread that writes ``journal()`` with ``flush_journal`` whenever it is due.
+    """The thread that writes ``journals()`` with ``flush_journals`` whenever one is due.
 
-    :meth:`wake` on every append; :meth:`start` and :meth:`halt` are called under
-    the owner's lock, :meth:`join` after it is released.
+    ``journals()``: this process's journal first, then those it consumes for its node
+    (None: the thread ends); ``poll``: other processes append to some of them, which
+    no :meth:`wake` tells, so they are looked at every interval. :meth:`wake` on every
+    append; :meth:`start` and :meth:`halt` are called under the owner's lock,
+    :meth:`join` after it is released.
     """
 
     def __init__(
         self,
-        journal: Callable[[], Journal | None],
-        flush_journal: Callable[[Journal], bool],
+        journals: Callable[[], Sequence[Journal] | None],
+        flush_journals: Callable[[Sequence[Journal]], bool],
         *,
+        poll: Callable[[], bool] = lambda: False,
         outage: Outage,
         orphans: Orphans,
         ledger: Ledger,
         flush_interval: float,
         adopt_interval: float,
     ) -> None:
-        self._journal = journal
-        self._flush_journal = flush_journal
+        self._journals = journals
+        self._flush_journals = flush_journals
+        self._poll = poll
         self._outage = outage
         self._orphans = orphans
         self._ledger = ledger
@@ -102,11 +107,11 @@ class Flusher:
         delay = RETRY_FIRST
         last = 0.0
         while not self._closing:
-            journal = self._journal()
-            if journal is None:
+            self._wake.clear()  # before reading the journals: a later append wakes us
+            journals = self._journals()
+            if journals is None:
                 return
-            self._wake.clear()  # before reading the journal: a later append wakes us
-            due = journal.next_due()
+            due = _earliest(journals)
             now = time.time()
             # Batches start at most once per interval (a longer one while the
             # database is away): that is what makes a commit serve many events.
@@ -119,6 +124,8 @@ class Flusher:
                 timeout = (
                     self.adopt_interval if due is None else min(due - now, self.adopt_interval)
                 )
+                if self._poll():
+                    timeout = min(timeout, max(gap, self.flush_interval))
                 events = self._wake.wait(timeout)
                 if events and not self._closing:
                     # The first event of a group: let the others of this interval join
@@ -133,11 +140,11 @@ class Flusher:
             if events:  # a pass that only looks for orphans is no batch to space out
                 last = time.time()
             try:
-                ok = self._flush_journal(journal)
+                ok = self._flush_journals(journals)
             except Exception:  # never let the thread die: the journal stays on disk
                 logger.exception(
                     "pikku-celery could not write its journal %s; it stays on disk",
-                    journal.path,
+                    journals[0].path,
                     extra={"action": "journal_flush_failed"},
                 )
                 ok = False
@@ -145,3 +152,9 @@ class Flusher:
             if ok:
                 self._orphans.adopt_when_due()
                 self._ledger.prune_when_due()
+
+
+def _earliest(journals: Sequence[Journal]) -> float | None:
+    """When the earliest event of any journal is due; None when none holds one."""
+    dues = [due for journal in journals if (due := journal.next_due()) is not None]
+    return min(dues) if dues else None

@@ -42,7 +42,7 @@ import zlib
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO, Final, Literal
 
 from pikku_celery.store import database_key
 
@@ -53,6 +53,7 @@ __all__ = [
     "Journal",
     "JournalEntry",
     "JournalTail",
+    "Role",
     "database_folder",
     "default_journal_dir",
     "journal_depth",
@@ -63,6 +64,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: What a process does with a journal (see :class:`Journal`).
+Role = Literal["own", "append", "consume"]
 
 ENV_JOURNAL_DIR: Final = "PIKKU_JOURNAL_DIR"
 SUFFIX: Final = ".journal"
@@ -85,6 +89,8 @@ _CHUNK: Final = 256 * 1024
 _HEADER_READ: Final = 64 * 1024
 
 _CHECKPOINT: Final = "consumed.json"
+# Beside ``<journal>.lock``: held by the process that writes the journal to SQL.
+_CONSUMER: Final = ".consumer"
 _SET_ASIDE: Final = "set-aside.jsonl"
 _META: Final = "meta.json"
 
@@ -468,27 +474,65 @@ class Journal:
     Its methods are for the process that opened it: a forked child makes its own.
     """
 
-    def __init__(self, path: Path, database: str | None = None, *, existing: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        database: str | None = None,
+        *,
+        existing: bool = False,
+        role: Role = "own",
+    ) -> None:
         """``existing``: adopt the journal only if it is there (an adopter must never make
-        again a journal its owner has just emptied and deleted)."""
+        again a journal its owner has just emptied and deleted).
+
+        ``role``: ``"own"`` appends and writes (or adopts) the journal; ``"append"``
+        appends only, while another process of the node consumes it; ``"consume"``
+        writes a journal its living owner appends to (see :meth:`owner_gone`).
+        """
+        if role not in ("own", "append", "consume"):
+            raise ValueError(f"a journal's role is own, append or consume, not {role!r}")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        lock_path = Path(f"{path}.lock")
-        # An adopter makes a lock file only for a journal that is there (one left
-        # without its lock file still gets adopted).
-        self._lock_file = _take_lock(lock_path, create=not existing or path.exists())
-        if existing and not path.exists():
-            # Emptied and deleted by its owner: the lock held is the only file left,
-            # and it goes as an owner's does, before the flock is let go.
-            with contextlib.suppress(FileNotFoundError):
-                lock_path.unlink()
-            self._lock_file.close()
-            raise FileNotFoundError(path)
+        self.role: Role = role
+        self._lock_file: BinaryIO | None = None
+        self._consumer_file: BinaryIO | None = None
         try:
+            if role != "consume":
+                self._lock_file = _take_journal_lock(Path(f"{path}.lock"), path, existing=existing)
+            if role != "append":
+                if role == "consume" and not path.exists():
+                    raise FileNotFoundError(path)
+                # Whoever writes a journal holds this: one consumer at a time, and an
+                # adopter leaves alone a journal a node's flusher consumes.
+                self._consumer_file = _take_journal_lock(
+                    Path(f"{path}{_CONSUMER}"), path, existing=existing or role == "consume"
+                )
             self._open(database)
         except BaseException:
-            self._lock_file.close()
+            self._release()
             raise
+
+    def _release(self) -> None:
+        for held in (self._consumer_file, self._lock_file):
+            if held is not None:
+                held.close()
+        self._consumer_file = self._lock_file = None
+
+    @property
+    def external(self) -> bool:
+        """Whether another process appends to this journal (so reading finds more)."""
+        return self.role == "consume"
+
+    def owner_gone(self) -> bool:
+        """For a consumer: whether the process that appends is gone, in which case this
+        journal is now its own (it can be emptied and deleted). Takes the owner's lock."""
+        if self._lock_file is not None:
+            return True
+        try:
+            self._lock_file = _take_lock(Path(f"{self.path}.lock"), create=False)
+        except OSError:
+            return False
+        return True
 
     def _open(self, database: str | None) -> None:
         path = self.path
@@ -541,18 +585,23 @@ class Journal:
 
     @classmethod
     def for_process(
-        cls, folder: Path, owner: object = None, database: str | None = None
+        cls,
+        folder: Path,
+        owner: object = None,
+        database: str | None = None,
+        *,
+        role: Role = "own",
     ) -> Journal:
         """This process's journal in ``folder`` for ``database`` (its :func:`database_key`);
         ``owner`` tells two mirrors of a process apart."""
         name = f"{socket.gethostname()}-{os.getpid()}-{id(owner):x}{SUFFIX}"
-        return cls(folder / name, database)
+        return cls(folder / name, database, role=role)
 
     def append(self, kind: str, payload: str) -> None:
         """Durable against the death of this process once it returns."""
         record = _record(kind, payload)
         with self._mutex:
-            if self._pid != os.getpid():
+            if self._pid != os.getpid() or self.role == "consume":
                 raise RuntimeError(f"journal {self.path} belongs to the process that opened it")
             if self._fd is None or (
                 self._size + len(record) > SEGMENT_BYTES and self._size > self._header_size
@@ -626,7 +675,7 @@ class Journal:
                     break
                 if self._due(seq, now):
                     due.append(self._entry(entry))
-            while len(due) < limit and self._unloaded > 0:
+            while len(due) < limit and (self._unloaded > 0 or self.external):
                 loaded = self._load(limit - len(due))
                 if not loaded:
                     # Nothing more on disk: a count that says otherwise would keep the
@@ -656,7 +705,8 @@ class Journal:
                 entry = JournalEntry(seq, kind, payload)
                 self._window[seq] = entry
                 loaded.append(entry)
-                self._unloaded -= 1
+                self._unloaded = max(self._unloaded - 1, 0)
+        self._end = max(self._end, self._tail.next_seq)
         return loaded
 
     def _take(self, seq: int) -> bool:
@@ -741,6 +791,8 @@ class Journal:
         if checkpoint != self._written:
             checkpoint.write(self.path)
             self._written = checkpoint
+        if self.external:
+            self._segments = _segment_firsts(self.path)  # its owner makes them
         while len(self._segments) > 1 and self._segments[1] <= low:
             with contextlib.suppress(FileNotFoundError):
                 (self.path / _segment_name(self._segments.pop(0))).unlink()
@@ -748,6 +800,8 @@ class Journal:
     def next_due(self) -> float | None:
         """When the earliest event is due (0 for one due now); None when there is none."""
         with self._mutex:
+            if self.external and len(self._window) <= len(self._deferred):
+                self._load(1)  # appended by another process since the last look?
             waiting = self._depth()
             if waiting == 0:
                 return None
@@ -768,14 +822,18 @@ class Journal:
             return sum(1 for a in self._aside.values() if not a.restored)
 
     def close(self, *, delete_if_empty: bool = True) -> None:
+        """Let the journal go; an empty one is deleted when nobody appends to it any more
+        (never by a process that only appends: its consumer deletes it)."""
         with self._mutex:
+            if self.external and self._lock_file is not None:
+                self._load(1)  # its owner is gone: a last record it wrote counts too
             empty = self._depth() == 0 and not self._aside
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
             self._tail.close()
-        if empty and delete_if_empty:
-            # Every file goes while the flock is still held, the lock file last: an
+        if empty and delete_if_empty and self.role != "append" and self._lock_file is not None:
+            # Every file goes while the flocks are still held, the lock file last: an
             # adopter that opened the lock file before it went finds its path gone
             # once it gets the flock (see _take_lock), and gives the journal up.
             with contextlib.suppress(FileNotFoundError):
@@ -784,9 +842,10 @@ class Journal:
                         (self.path / leftover).unlink()
             with contextlib.suppress(FileNotFoundError):
                 self.path.rmdir()
-            with contextlib.suppress(FileNotFoundError):
-                Path(f"{self.path}.lock").unlink()
-        self._lock_file.close()  # releases the flock: the journal is anybody's now
+            for lock in (f"{self.path}{_CONSUMER}", f"{self.path}.lock"):
+                with contextlib.suppress(FileNotFoundError):
+                    Path(lock).unlink()
+        self._release()  # releases the flocks: the journal is anybody's now
 
 
 def _read_database(path: Path) -> str | None:
@@ -830,6 +889,19 @@ def _take_lock(path: Path, *, create: bool) -> BinaryIO:
     except OSError:
         lock.close()
         raise
+    return lock
+
+
+def _take_journal_lock(lock_path: Path, journal: Path, *, existing: bool) -> BinaryIO:
+    """One of a journal's locks (see :func:`_take_lock`); with ``existing``, only while
+    the journal is there: a lock file made for a journal deleted meanwhile goes again,
+    as its owner's would, before the flock is let go."""
+    lock = _take_lock(lock_path, create=not existing or journal.exists())
+    if existing and not journal.exists():
+        with contextlib.suppress(FileNotFoundError):
+            lock_path.unlink()
+        lock.close()
+        raise FileNotFoundError(journal)
     return lock
 
 

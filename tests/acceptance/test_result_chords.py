@@ -7,6 +7,8 @@ PostgreSQL and SQLite stores on Redis, and PostgreSQL on RabbitMQ.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -17,7 +19,7 @@ from celery import chain, chord, group
 from celery.exceptions import ChordError
 
 from pikku_celery import WorkflowStore
-from tests.acceptance.conftest import Worker, worker_running
+from tests.acceptance.conftest import Worker, wait_until, worker_running
 from tests.acceptance.results_loading import QUEUE, results_app
 
 
@@ -136,27 +138,34 @@ def test_a_failed_header_of_a_chord_applied_outside_a_run_ends_every_header_run(
 def test_a_body_lost_between_the_commit_and_its_publish_is_sent_again_by_the_reaper(
     pg_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    # The pool process whose batch claimed the chord is killed right after its COMMIT,
-    # before it sends the body: nobody else would ever send it.
+    # The worker's main process writes its pool processes' journals, so it is the one
+    # whose batch claims the chord: it is killed right after its COMMIT, before it sends
+    # the body, and nobody else would ever send it.
     tmp = tmp_path_factory.mktemp("chord-lost-body")
-    env = {
-        "PIKKU_TEST_CRASH_AT": "before_chord_send:batch",
-        "PIKKU_REAPER_INTERVAL": "1",
-        "RESULTS_CHORD_RESEND_AFTER": "2",
-    }
+    env = {"PIKKU_REAPER_INTERVAL": "1", "RESULTS_CHORD_RESEND_AFTER": "2"}
+    crash = {**env, "PIKKU_TEST_CRASH_AT": "before_chord_send:batch"}
     with results_app(pg_url) as app:
+        sent: Any = chord([app.add.s(1, 1), app.add.s(2, 2)], app.total.s()).apply_async()
+        # In SQL before any part: the batch that writes the last part claims it.
+        assert app.pikku.mirror.flush()
+        with worker_running(
+            app, "redis", tmp, concurrency=1, queues=QUEUE, extra_env=crash
+        ) as first:
+            wait_until(lambda: first.proc.poll() is not None, what="the crash point")
+            assert first.proc.returncode == -signal.SIGKILL
+            with contextlib.suppress(ProcessLookupError):
+                first.kill_all()  # its pool process, left without its parent
         with worker_running(
             app, "redis", tmp, concurrency=1, queues=QUEUE, extra_env=env
-        ) as worker:
-            sent: Any = chord([app.add.s(1, 1), app.add.s(2, 2)], app.total.s()).apply_async()
+        ) as second:
             assert sent.get(timeout=60) == 6
-            log = worker.log.read_text()
+            log = second.log.read_text()
         # Read while the app's store is open: a connection made after it closed is left
         # for the garbage collector.
         assert fired_at(app, sent.parent.id) is not None
-    assert "SIGKILL" in log  # the crash point was reached: the body was lost once
     assert f"sends the body of chord {sent.parent.id} again" in log
-    assert log.count(f"results.total[{sent.id}] succeeded") == 1
+    both = first.log.read_text() + log
+    assert both.count(f"results.total[{sent.id}] succeeded") == 1
 
 
 def test_a_task_added_to_the_chord_by_a_header_task_is_in_the_bodys_results(

@@ -287,5 +287,6 @@ def test_a_journal_left_by_an_earlier_version_is_upgraded_and_adopted(tmp_path: 
     adopted.close(delete_if_empty=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "host-1-old-upgraded.journal",
+        "host-1-old-upgraded.journal.consumer",
         "host-1-old-upgraded.journal.lock",
     ]

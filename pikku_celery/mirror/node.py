@@ -1,0 +1,133 @@
+"""A worker node's journals: its pool processes only append, its main process writes them.
+
+A worker's main process serves its node (:meth:`Delivery.serve_node`): the pool
+processes it forks afterwards append to journals of their own and run no
+flusher. The main process's flusher claims every journal in the folder that no
+process consumes (its consumer lock is free): its children's, those of a node
+served before it that died, those of processes that are gone. It reads them
+while they grow and writes them with its own in shared batches. A journal
+whose owner has ended is deleted once it is empty; one whose owner lives and
+that is let go (the main process stops) is claimed by the next that looks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pikku_celery.mirror.journal import SUFFIX, Journal
+
+__all__ = ["NodeJournals"]
+
+logger = logging.getLogger(__name__)
+
+
+class NodeJournals:
+    """The journals this process consumes besides its own.
+
+    ``own``: this process's journal (never claimed: it is written already);
+    ``forget``: told of a journal that is gone. A journal that could not be
+    claimed is looked at again after ``retry_after`` seconds; a new one at once.
+    """
+
+    def __init__(
+        self,
+        folder: Callable[[], Path],
+        database: Callable[[], str],
+        own: Callable[[], Journal | None],
+        forget: Callable[[Journal], None],
+        *,
+        retry_after: float,
+    ) -> None:
+        self._folder = folder
+        self._database = database
+        self._own = own
+        self._forget = forget
+        self.retry_after = retry_after
+        self._held: dict[str, Journal] = {}
+        self._refused: dict[str, float] = {}  # name -> when it could not be claimed
+        self._swept = 0.0
+
+    def journals(self) -> list[Journal]:
+        return list(self._held.values())
+
+    def refresh(self) -> list[Journal]:
+        """Claim the journals no process consumes; returns every journal held."""
+        folder = self._folder()
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return self.journals()
+        own = self._own()
+        own_name = None if own is None else own.path.name
+        now = time.monotonic()
+        for name in names:
+            if not name.endswith(SUFFIX) or name == own_name or name in self._held:
+                continue
+            refused = self._refused.get(name)
+            if refused is not None and now - refused < self.retry_after:
+                continue
+            journal = self._claim(folder / name)
+            if journal is None:
+                self._refused[name] = now
+            else:
+                self._refused.pop(name, None)
+                self._held[name] = journal
+        if len(self._refused) > 4 * len(names) + 64:  # names that are long gone
+            present = set(names)
+            self._refused = {n: t for n, t in self._refused.items() if n in present}
+        return self.journals()
+
+    def _claim(self, path: Path) -> Journal | None:
+        if not path.is_dir():
+            return None  # an earlier version's journal: adoption upgrades it
+        try:
+            journal = Journal(path, role="consume")
+        except OSError:
+            return None  # its owner writes it, or another node's flusher does
+        own, wanted = journal.database, self._database()
+        if own is not None and own != wanted:
+            journal.close(delete_if_empty=False)
+            return None  # another database's: adoption says so in the log
+        if journal.owner_gone() and (depth := journal.depth()):
+            logger.warning(
+                "pikku-celery writes %d mirror events left in %s by a process that ended",
+                depth,
+                path,
+                extra={"action": "journal_adopted", "count": depth},
+            )
+        return journal
+
+    def sweep_when_due(self) -> None:
+        """Delete the emptied journals of owners that ended (once per ``retry_after``)."""
+        now = time.monotonic()
+        if now - self._swept < self.retry_after:
+            return
+        self._swept = now
+        for name, journal in list(self._held.items()):
+            if journal.owner_gone() and journal.next_due() is None:
+                self._let_go(name, journal)
+
+    def _let_go(self, name: str, journal: Journal) -> None:
+        del self._held[name]
+        self._forget(journal)
+        try:
+            journal.close()  # deleted if empty and its owner is gone
+        except OSError:
+            logger.exception(
+                "pikku-celery could not let journal %s go",
+                journal.path,
+                extra={"action": "journal_release_failed"},
+            )
+
+    def close(self) -> None:
+        """Let every journal go: those of ended owners, if empty, are deleted; the others
+        stay for whichever process claims them next."""
+        for name, journal in list(self._held.items()):
+            with contextlib.suppress(OSError):
+                journal.owner_gone()
+            self._let_go(name, journal)
