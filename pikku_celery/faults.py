@@ -5,8 +5,8 @@ names the point it reaches (``after_claim:charge``: right after a replay
 claimed the step ``charge``, before its message is sent; ``before_chord_send:batch``:
 a batch that claimed chords committed, their bodies not sent;
 ``after_result_journaled:shop.add``: a task's result journaled, not yet in SQL;
-``before_commit:node``: a worker's main process about to write a batch holding its pool
-processes' events) SIGKILLs itself there, as a power cut or the OOM killer would.
+``before_commit:node``: a worker's main process about to write a batch holding a pool
+process's ended attempt) SIGKILLs itself there, as a power cut or the OOM killer would.
 """
 
 from __future__ import annotations

@@ -25,7 +25,13 @@ from pikku_celery.errors import StoreConflict
 from pikku_celery.faults import crash_point
 from pikku_celery.mirror.apply import Pending, plan
 from pikku_celery.mirror.deferral import Deferral
-from pikku_celery.mirror.events import ResultStored, decode
+from pikku_celery.mirror.events import (
+    AttemptEnded,
+    AttemptSucceeded,
+    ResultStored,
+    StepPublished,
+    decode,
+)
 from pikku_celery.mirror.journal import Journal, JournalEntry
 from pikku_celery.mirror.outage import Outage, an_outage
 from pikku_celery.store import FiredChord, WorkflowStore
@@ -41,6 +47,7 @@ Committed = Callable[[Sequence[str]], None]
 ChordsFired = Callable[[Sequence[FiredChord]], None]
 
 BATCH_SIZE: Final = 500
+_ENDS: Final = (AttemptSucceeded, AttemptEnded)
 _LAG_SAMPLES: Final = 100_000
 
 
@@ -74,6 +81,10 @@ class BatchWriter:
         # Per journal, the steps with events deferred in it: a result of such a step waits
         # behind them, so it is never in SQL before the attempt it belongs to.
         self._held: dict[str, set[str]] = {}
+        # Per journal, the runs with a step whose publish is deferred in it (a chain's next
+        # link, published by the pool process that ran the link before): an end of that
+        # run's steps waits behind it, or the run would complete without the step.
+        self._held_runs: dict[str, dict[str, set[str]]] = {}
         self.written = self.batches = 0
         self.lags: deque[float] = deque(maxlen=_LAG_SAMPLES)
 
@@ -121,6 +132,7 @@ class BatchWriter:
     def forget(self, journal: Journal) -> None:
         """A journal that is gone: nothing of it is held any more."""
         self._held.pop(str(journal.path), None)
+        self._held_runs.pop(str(journal.path), None)
 
     def _write(self, peeked: Sequence[tuple[Journal, Sequence[JournalEntry]]], now: float) -> int:
         """Write one batch of what was peeked; returns how many events it took."""
@@ -151,15 +163,21 @@ class BatchWriter:
                 self._deferral.defer(
                     journal, [i.pending for i in lane], {i.entry.seq: i.entry for i in lane}, now
                 )
+            for journal, lane in _by_journal(behind):
+                # A result waits behind its attempt's end, which now waits too.
+                self._held.setdefault(str(journal.path), set()).update(
+                    i.pending.event.step_id for i in lane
+                )
             waiting = {id(i) for i in behind}
             items = [i for i in items if id(i) not in waiting]
         self._write_pending(items)
         return len(items) + len(behind)
 
     def _behind_their_step(self, items: Sequence[_Item]) -> list[_Item]:
-        """Results whose step has an earlier event deferred in their journal, not in this
-        batch: they wait for it (journal order is the attempt's, then its result)."""
-        if not any(self._held.values()):
+        """Events that wait for an earlier event of their journal, deferred and not in this
+        batch: a result for its attempt's end (journal order is the attempt's, then its
+        result), a step's success for a publish of its run (a chain's next link)."""
+        if not any(self._held.values()) and not any(self._held_runs.values()):
             return []
         present = {
             (id(i.journal), i.pending.event.step_id)
@@ -168,12 +186,17 @@ class BatchWriter:
         }
         behind = []
         for item in items:
-            event = item.pending.event
-            if (
-                isinstance(event, ResultStored)
-                and event.step_id in self._held.get(str(item.journal.path), ())
-                and (id(item.journal), event.step_id) not in present
-            ):
+            event, path, lane = item.pending.event, str(item.journal.path), id(item.journal)
+            if isinstance(event, ResultStored):
+                waits = event.step_id in self._held.get(path, ()) and (
+                    (lane, event.step_id) not in present
+                )
+            elif isinstance(event, AttemptSucceeded) and event.run_id is not None:
+                publishes = self._held_runs.get(path, {}).get(event.run_id, ())
+                waits = any((lane, step) not in present for step in publishes)
+            else:
+                waits = False
+            if waits:
                 behind.append(item)
         return behind
 
@@ -181,8 +204,9 @@ class BatchWriter:
         if not items:
             return
         store = self._store()
-        if any(i.journal.external for i in items):
-            crash_point("before_commit", "node")  # a node's flusher dies with others' events
+        if any(i.journal.external and isinstance(i.pending.event, _ENDS) for i in items):
+            # A node's flusher dies with another process's ended attempt in hand.
+            crash_point("before_commit", "node")
         try:
             result = store.batches.apply_batch(plan([i.pending for i in items]))
         except Exception as exc:
@@ -194,6 +218,7 @@ class BatchWriter:
                 self._write_pending(items[half:])
                 return
             self._deferral.put_aside(items[0].journal, items[0].entry, _reason(exc))
+            self._publishes(items[0].journal, done=[items[0].pending], waiting=[])
             return
         committed = time.time()
         for journal, lane in _by_journal(items):
@@ -204,6 +229,7 @@ class BatchWriter:
             held = self._held.setdefault(str(journal.path), set())
             held.difference_update(p.event.step_id for p in done)
             held.update(p.event.step_id for p in waiting)
+            self._publishes(journal, done, waiting)
             self.written += len(done)
             self.lags.extend(committed - p.event.at for p in done)
         self.batches += 1
@@ -211,6 +237,25 @@ class BatchWriter:
             self._committed(result.replay)
         if result.fired:
             self._fired(result.fired)
+
+    def _publishes(
+        self, journal: Journal, done: Sequence[Pending], waiting: Sequence[Pending]
+    ) -> None:
+        """Keep the runs with a publish deferred in ``journal`` (see ``_held_runs``)."""
+        runs = self._held_runs.setdefault(str(journal.path), {})
+        deferred = {id(item) for item in waiting}
+        for item in (*done, *waiting):
+            event = item.event
+            if not isinstance(event, StepPublished):
+                continue
+            steps = runs.setdefault(event.run_id, set())
+            # One that waited past its grace is set aside by the deferral: it holds nothing.
+            if id(item) in deferred and not item.overdue:
+                steps.add(event.step_id)
+            else:
+                steps.discard(event.step_id)
+            if not steps:
+                del runs[event.run_id]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -283,7 +283,11 @@ class Delivery:
             if self._journal is None:
                 role: Role = "append" if self.append_only else "own"
                 self._journal = Journal.for_process(
-                    self._folder(), self, self._database(), role=role
+                    self._folder(),
+                    self,
+                    self._database(),
+                    role=role,
+                    node=self._node_pid if self.append_only else None,
                 )
                 self._start()
             return self._journal

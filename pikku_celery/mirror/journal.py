@@ -59,6 +59,7 @@ __all__ = [
     "journal_depth",
     "journal_folder",
     "journaled_steps",
+    "node_suffix",
     "orphaned_journals",
     "probe_folder",
 ]
@@ -591,10 +592,13 @@ class Journal:
         database: str | None = None,
         *,
         role: Role = "own",
+        node: int | None = None,
     ) -> Journal:
         """This process's journal in ``folder`` for ``database`` (its :func:`database_key`);
-        ``owner`` tells two mirrors of a process apart."""
-        name = f"{socket.gethostname()}-{os.getpid()}-{id(owner):x}{SUFFIX}"
+        ``owner`` tells two mirrors of a process apart; ``node``: the pid of the process
+        that consumes it (see :func:`node_suffix`)."""
+        marker = "" if node is None else node_suffix(node)[: -len(SUFFIX)]
+        name = f"{socket.gethostname()}-{os.getpid()}-{id(owner):x}{marker}{SUFFIX}"
         return cls(folder / name, database, role=role)
 
     def append(self, kind: str, payload: str) -> None:
@@ -890,6 +894,13 @@ def _take_lock(path: Path, *, create: bool) -> BinaryIO:
         lock.close()
         raise
     return lock
+
+
+def node_suffix(node: int) -> str:
+    """How the journals of the pool processes of node ``node`` (its main process's pid)
+    end: it claims them as soon as they appear, and those of another node only once
+    their owner is gone."""
+    return f"-node{node}{SUFFIX}"
 
 
 def _take_journal_lock(lock_path: Path, journal: Path, *, existing: bool) -> BinaryIO:

@@ -3,8 +3,9 @@
 A worker's main process serves its node (:meth:`Delivery.serve_node`): the pool
 processes it forks afterwards append to journals of their own and run no
 flusher. The main process's flusher claims every journal in the folder that no
-process consumes (its consumer lock is free): its children's, those of a node
-served before it that died, those of processes that are gone. It reads them
+process consumes (its consumer lock is free): its children's at once (their
+names end with its pid, see ``node_suffix``), and those of processes that are
+gone (a node served before it that died, say). It reads them
 while they grow and writes them with its own in shared batches. A journal
 whose owner has ended is deleted once it is empty; one whose owner lives and
 that is let go (the main process stops) is claimed by the next that looks.
@@ -15,11 +16,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pikku_celery.mirror.journal import SUFFIX, Journal
+from pikku_celery.mirror.journal import SUFFIX, Journal, node_suffix
 
 __all__ = ["NodeJournals"]
 
@@ -51,12 +53,20 @@ class NodeJournals:
         self._held: dict[str, Journal] = {}
         self._refused: dict[str, float] = {}  # name -> when it could not be claimed
         self._swept = 0.0
+        # The flusher thread and a caller that must see the node written (the backend,
+        # for a dead pool process) both refresh.
+        self._lock = threading.RLock()
 
     def journals(self) -> list[Journal]:
-        return list(self._held.values())
+        with self._lock:
+            return list(self._held.values())
 
     def refresh(self) -> list[Journal]:
         """Claim the journals no process consumes; returns every journal held."""
+        with self._lock:
+            return self._refresh()
+
+    def _refresh(self) -> list[Journal]:
         folder = self._folder()
         try:
             names = os.listdir(folder)
@@ -64,14 +74,18 @@ class NodeJournals:
             return self.journals()
         own = self._own()
         own_name = None if own is None else own.path.name
+        children = node_suffix(os.getpid())
         now = time.monotonic()
         for name in names:
             if not name.endswith(SUFFIX) or name == own_name or name in self._held:
                 continue
+            child = name.endswith(children)
             refused = self._refused.get(name)
-            if refused is not None and now - refused < self.retry_after:
+            if not child and refused is not None and now - refused < self.retry_after:
                 continue
-            journal = self._claim(folder / name)
+            # Another node's pool process (two workers on one machine) is its node's to
+            # write while it lives: its main process answers for what it journaled.
+            journal = self._claim(folder / name, child)
             if journal is None:
                 self._refused[name] = now
             else:
@@ -82,7 +96,7 @@ class NodeJournals:
             self._refused = {n: t for n, t in self._refused.items() if n in present}
         return self.journals()
 
-    def _claim(self, path: Path) -> Journal | None:
+    def _claim(self, path: Path, child: bool) -> Journal | None:
         if not path.is_dir():
             return None  # an earlier version's journal: adoption upgrades it
         try:
@@ -93,7 +107,11 @@ class NodeJournals:
         if own is not None and own != wanted:
             journal.close(delete_if_empty=False)
             return None  # another database's: adoption says so in the log
-        if journal.owner_gone() and (depth := journal.depth()):
+        ended = journal.owner_gone()
+        if not (child or ended):
+            journal.close(delete_if_empty=False)
+            return None
+        if ended and (depth := journal.depth()):
             logger.warning(
                 "pikku-celery writes %d mirror events left in %s by a process that ended",
                 depth,
@@ -104,13 +122,14 @@ class NodeJournals:
 
     def sweep_when_due(self) -> None:
         """Delete the emptied journals of owners that ended (once per ``retry_after``)."""
-        now = time.monotonic()
-        if now - self._swept < self.retry_after:
-            return
-        self._swept = now
-        for name, journal in list(self._held.items()):
-            if journal.owner_gone() and journal.next_due() is None:
-                self._let_go(name, journal)
+        with self._lock:
+            now = time.monotonic()
+            if now - self._swept < self.retry_after:
+                return
+            self._swept = now
+            for name, journal in list(self._held.items()):
+                if journal.owner_gone() and journal.next_due() is None:
+                    self._let_go(name, journal)
 
     def _let_go(self, name: str, journal: Journal) -> None:
         del self._held[name]
@@ -127,7 +146,8 @@ class NodeJournals:
     def close(self) -> None:
         """Let every journal go: those of ended owners, if empty, are deleted; the others
         stay for whichever process claims them next."""
-        for name, journal in list(self._held.items()):
-            with contextlib.suppress(OSError):
-                journal.owner_gone()
-            self._let_go(name, journal)
+        with self._lock:
+            for name, journal in list(self._held.items()):
+                with contextlib.suppress(OSError):
+                    journal.owner_gone()
+                self._let_go(name, journal)

@@ -167,28 +167,26 @@ def test_a_worker_main_process_killed_before_it_commits_its_pools_events_loses_n
     shop: ModuleType, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     # The pool processes only append; the main process writes their journals. It dies
-    # at its first batch holding their events, before COMMIT: the next worker writes them.
+    # at the batch holding the task's end, before COMMIT (its pool processes with it,
+    # idle: Celery's pool processes die with their parent): the next worker writes it.
     tmp = tmp_path_factory.mktemp("node-crash")
-    tag = f"node-{uuid.uuid4().hex[:8]}"
     spool = {"PIKKU_JOURNAL_DIR": str(tmp / "spool")}
     crash = {**spool, "PIKKU_TEST_CRASH_AT": "before_commit:node"}
     with worker_running(shop, "redis", tmp, extra_env=crash) as first:
-        run_id = shop.recoverable.start(tag, 0.2)
+        task_id = shop.outage_step.delay(1).id
         wait_until(lambda: first.proc.poll() is not None, what="the crash point")
         assert first.proc.returncode == -signal.SIGKILL
-        # A pool process ends the task it runs (its effect and its end journaled), then
-        # finds its parent gone; one killed mid-task would run it again (at least once).
-        time.sleep(2)
-        with contextlib.suppress(ProcessLookupError):
-            first.kill_all()
-    assert shop.pikku.store.get_run(run_id).status == "running"
+    assert first.journal_lines() == ["outage_step 1 attempt 1"]
+    assert shop.pikku.store.get_run(task_id).status != "completed"
+    assert list((tmp / "spool").glob("*/*-node*.journal")), "the pool's journal stays"
     with worker_running(shop, "redis", tmp, extra_env=spool) as second:
-        run = second.wait_for_run(run_id, timeout=60)
+        run = second.wait_for_run(task_id, timeout=60)
         log = second.log.read_text()
-    assert run.status == "completed"
+    assert (run.status, run.output) == ("completed", 1)
     assert "left in" in log  # the dead node's journals, written by the next worker
-    _each_step_once(second, tag)
-    _nothing_left_open(second, run_id)
+    history = shop.pikku.store.get_run_history(task_id)
+    assert [(a.attempt, a.status) for a in history] == [(1, "succeeded")]
+    assert second.journal_lines() == ["outage_step 1 attempt 1"]  # it ran once
     assert not list((tmp / "spool").glob("*/*.journal"))
 
 

@@ -215,6 +215,39 @@ def test_a_workers_events_wait_for_the_publish_and_names_keep_publish_order(
     worker.close()
 
 
+def test_a_steps_success_waits_behind_a_deferred_publish_of_its_run(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    """Celery publishes a chain's next link before its sender's success. When the link
+    waits (the sender's own publish is not in SQL yet) and the success is read later, on
+    its own, the success waits for the link: else the run completes without its next step."""
+    publisher, worker = mirror_of(store, tmp_path), mirror_of(store, tmp_path)
+    run_id = store.create_run("chain", None, wire={"type": "canvas"})
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+
+    def link(step_id: str, parent: str | None) -> PublishedStep:
+        return PublishedStep(run_id, step_id, "add", "shop.add", {}, parent_step_id=parent)
+
+    publisher.published(link(first, None))  # journaled, not flushed yet
+    adoption = worker.adoption(run_id, "add", "shop.add", published=True)
+    worker.started(first, 1, worker="w", pid=1, adoption=adoption)
+    worker.published(link(second, first))
+    assert worker.flush()  # both wait for the first link's publish
+    worker.succeeded(run_id, first, 1, 2)  # appended after that flush read the journal
+    assert publisher.flush()
+    assert worker.flush()  # the two deferred are not due yet: the success waits with them
+    assert store.get_run(run_id).status == "running"
+    assert [s.status for s in store.list_step_states(run_id)] == ["scheduled"]
+    time.sleep(0.05)  # the first retry of a deferred event
+    assert worker.flush()
+    assert worker.journal_depth == 0
+    steps = {s.step_name: s.status for s in store.list_step_states(run_id)}
+    assert steps == {"add": "succeeded", "add#2": "scheduled"}
+    assert store.get_run(run_id).status == "running"
+    publisher.close()
+    worker.close()
+
+
 def test_a_poison_event_is_set_aside_and_the_rest_of_its_batch_lands(
     store: WorkflowStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

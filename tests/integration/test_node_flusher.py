@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 
 from pikku_celery import WorkflowStore
 from pikku_celery.errors import RunNotFound
 from pikku_celery.mirror import CeleryMirror, PublishedStep
+from pikku_celery.mirror.events import AttemptStarted, encode, new_event_id
+from pikku_celery.mirror.journal import Journal, node_suffix
 from pikku_celery.store import NewRun
 from tests.support.statements import count_statements
 
@@ -148,3 +151,31 @@ def test_a_node_that_stops_leaves_a_living_pool_processs_journal_to_the_next(
     assert again.flush()
     assert journals(again) == []
     again.close()
+
+
+def test_another_nodes_living_pool_process_is_left_to_its_node(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    mirror = node_mirror(store, tmp_path)
+    step_id = str(uuid.uuid4())
+    mirror.published(lone(step_id))
+    mirror.flush()
+    # A pool process of another worker on this machine (its main process's pid 999999).
+    other = Journal(
+        mirror.journal_folder / f"host-1-a{node_suffix(999999)}", mirror.database_key, role="append"
+    )
+    other.append(
+        "started",
+        encode(
+            AttemptStarted(
+                id=new_event_id(), at=time.time(), step_id=step_id, attempt=1, worker="w", pid=1
+            )
+        ),
+    )
+    assert mirror.flush()
+    assert store.get_run_history(step_id)[0].status == "scheduled"  # its node writes it
+    other.close()  # it ended: its journal is anybody's now
+    assert mirror.flush()
+    assert store.get_run_history(step_id)[0].status == "running"
+    assert len(journals(mirror)) == 1
+    mirror.close()
