@@ -1,4 +1,7 @@
-"""The flusher: one thread per process and mirror, writing the journal in group commits.
+"""The flusher: one thread per process and mirror, writing journals in group commits.
+
+It writes its process's journal and, in a worker's main process, the journals of
+the node's pool processes (looked at every interval: they only append).
 
 Batches start at most once every ``flush_interval`` seconds (a full batch is
 followed by the next at once): the first event of a group waits for the others
@@ -124,10 +127,17 @@ class Flusher:
                 timeout = (
                     self.adopt_interval if due is None else min(due - now, self.adopt_interval)
                 )
-                if self._poll():
+                polling = self._poll()
+                if polling:
                     timeout = min(timeout, max(gap, self.flush_interval))
-                events = self._wake.wait(timeout)
-                if events and not self._closing:
+                woken = self._wake.wait(timeout)
+                if not woken and polling:
+                    # What other processes appended over the interval: gathered already.
+                    due = _earliest(journals)
+                    events = due is not None and due <= time.time()
+                else:
+                    events = woken
+                if woken and not self._closing:
                     # The first event of a group: let the others of this interval join
                     # it, unless a reader waits for one (a result) after an idle spell.
                     idle = time.time() - last >= self.flush_interval

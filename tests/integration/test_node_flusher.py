@@ -179,3 +179,23 @@ def test_another_nodes_living_pool_process_is_left_to_its_node(
     assert store.get_run_history(step_id)[0].status == "running"
     assert len(journals(mirror)) == 1
     mirror.close()
+
+
+def test_the_node_flusher_thread_writes_a_living_pool_processs_events_by_itself(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    mirror = CeleryMirror(store, journal_dir=tmp_path / "journal", flush_interval=0.02)
+    mirror.serve_node()
+    mirror.start()  # the worker's main process: its flusher thread runs
+    steps = [str(uuid.uuid4()) for _ in range(3)]
+    pid = pool_process(mirror, steps, then="wait")
+    try:
+        deadline = time.monotonic() + 10
+        while statuses(store, steps) != ["completed"] * 3:
+            assert time.monotonic() < deadline, statuses(store, steps)
+            time.sleep(0.01)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        ended(pid)
+    mirror.close()
+    assert journals(mirror) == []
