@@ -381,14 +381,20 @@ class _PostgresWrites:
         self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
     ) -> None:
         # Steps of lone tasks bring their run; the two shapes never share a run,
-        # so sending each shape as its own batch keeps names in publish order.
+        # so sending each shape as its own batch keeps names in publish order. Lone
+        # tasks, the common case, go in one set-based statement.
+        lone: dict[str, dict[str, Any]] = {}
         for with_run in (True, False):
-            same = [
-                r
-                for r, s in zip(rows, placed, strict=True)
-                if (s.run_workflow is not None) is with_run
-            ]
+            same = []
+            for row, step in zip(rows, placed, strict=True):
+                if (step.run_workflow is not None) is not with_run:
+                    continue
+                if with_run and step.run_id == step.step_id:
+                    lone.setdefault(step.step_id, row)
+                else:
+                    same.append(row)
             self._db.run_many(c, sql.attempts.schedule_step_pg(with_run), same)
+        self._set(c, sql.batches.schedule_lone_steps_pg, list(lone.values()))
 
     def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]:
         text = json.dumps(rows, default=_iso)

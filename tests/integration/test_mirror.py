@@ -248,6 +248,28 @@ def test_a_steps_success_waits_behind_a_deferred_publish_of_its_run(
     worker.close()
 
 
+def test_a_lone_task_published_twice_or_adopted_first_is_written_once(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    mirror = mirror_of(store, tmp_path)
+    twice, adopted = str(uuid.uuid4()), str(uuid.uuid4())
+    mirror.published(lone(twice))
+    mirror.published(lone(twice))  # its message sent again, in the same batch
+    # Started by a worker (and adopted there) before its publish was written.
+    adoption = mirror.adoption(
+        adopted, "charge", "shop.charge", published=False, data={"args": [1]}
+    )
+    mirror.started(adopted, 1, worker="w", pid=1, adoption=adoption)
+    assert mirror.flush()
+    mirror.published(lone(adopted))
+    assert mirror.flush()
+    assert mirror.journal_depth == 0
+    assert [(a.attempt, a.status) for a in store.get_run_history(twice)] == [(1, "scheduled")]
+    assert [(a.attempt, a.status) for a in store.get_run_history(adopted)] == [(1, "running")]
+    assert [s.step_name for s in store.list_step_states(twice)] == ["charge"]
+    mirror.close()
+
+
 def test_a_poison_event_is_set_aside_and_the_rest_of_its_batch_lands(
     store: WorkflowStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

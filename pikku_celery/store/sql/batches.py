@@ -46,6 +46,7 @@ __all__ = [
     "record_attempts_pg",
     "runs_held_by_bodies",
     "runs_held_by_unsent_bodies",
+    "schedule_lone_steps_pg",
     "settle_runs_pg",
     "steps_present",
     "steps_present_pg",
@@ -204,6 +205,127 @@ def record_attempts_pg(status: str) -> Insert:
     )
     statement = attempt_upsert(insert, status)
     return statement.add_cte(step_update.cte("step"))
+
+
+_LONE_ROWS: Final = (
+    ("step_id", sa.Text()),
+    ("base_name", sa.Text()),
+    ("rpc_name", sa.Text()),
+    ("data", sa.Text()),
+    ("retries", sa.Integer()),
+    ("retry_delay", sa.Text()),
+    ("routing", sa.Text()),
+    ("now", _TS),
+    ("history_id", sa.Text()),
+    ("eta", _TS),
+    ("run_workflow", sa.Text()),
+    ("run_input", sa.Text()),
+    ("run_wire", sa.Text()),
+)
+
+
+def _schedule_lone_steps() -> sa.Select[Any]:
+    """Lone tasks (each its own run, under its own task id): every run, step and first
+    attempt of the batch in one statement, whatever the number of tasks.
+
+    A lone task's run holds no other step, so its step takes its name as it is; one
+    that exists already (a publish written twice, or adopted by its worker first) is
+    left as it is, with its attempt. Each step id comes once (the caller sees to it).
+    """
+    lone = _rows("lone", _LONE_ROWS)
+    text = sa.Text()
+
+    def jsonb(column: Any) -> Any:
+        return sa.cast(column, postgresql.JSONB)
+
+    run = postgresql.insert(runs).from_select(
+        [
+            "workflow_run_id",
+            "workflow",
+            "status",
+            "input",
+            "state",
+            "wire",
+            "created_at",
+            "updated_at",
+        ],
+        sa.select(
+            lone.c.step_id,
+            lone.c.run_workflow,
+            sa.literal("running", text),
+            jsonb(lone.c.run_input),
+            jsonb(sa.literal("{}", text)),
+            jsonb(lone.c.run_wire),
+            lone.c.now,
+            lone.c.now,
+        ),
+    )
+    step = (
+        postgresql.insert(steps)
+        .from_select(
+            [
+                "workflow_step_id",
+                "workflow_run_id",
+                "step_name",
+                "rpc_name",
+                "data",
+                "status",
+                "retries",
+                "retry_delay",
+                "current_attempt",
+                "routing",
+                "created_at",
+                "updated_at",
+            ],
+            sa.select(
+                lone.c.step_id,
+                lone.c.step_id,
+                lone.c.base_name,
+                lone.c.rpc_name,
+                jsonb(lone.c.data),
+                sa.literal("scheduled", text),
+                lone.c.retries,
+                lone.c.retry_delay,
+                sa.literal(1, sa.Integer()),
+                jsonb(lone.c.routing),
+                lone.c.now,
+                lone.c.now,
+            ),
+        )
+        .on_conflict_do_nothing()
+        .returning(steps.c.workflow_step_id)
+        .cte("step")
+    )
+    attempt = sa.insert(history).from_select(
+        [
+            "history_id",
+            "workflow_step_id",
+            "attempt",
+            "status",
+            "created_at",
+            "scheduled_at",
+            "eta",
+            "task_id",
+            "reason",
+        ],
+        sa.select(
+            lone.c.history_id,
+            step.c.workflow_step_id,
+            sa.literal(1, sa.Integer()),
+            sa.literal("scheduled", text),
+            lone.c.now,
+            lone.c.now,
+            lone.c.eta,
+            step.c.workflow_step_id,
+            sa.literal("first", text),
+        ).select_from(step.join(lone, lone.c.step_id == step.c.workflow_step_id)),
+    )
+    query = sa.select(step.c.workflow_step_id)
+    query = query.add_cte(run.on_conflict_do_nothing(index_elements=["workflow_run_id"]).cte("run"))
+    return query.add_cte(attempt.cte("attempt"))
+
+
+schedule_lone_steps_pg: Final = _schedule_lone_steps()
 
 
 #: Locks the batch's runs in one order, so two batches never deadlock on them; the
