@@ -61,6 +61,7 @@ __all__ = [
     "journaled_steps",
     "node_suffix",
     "orphaned_journals",
+    "owner_alive",
     "probe_folder",
 ]
 
@@ -901,6 +902,18 @@ def node_suffix(node: int) -> str:
     end: it claims them as soon as they appear, and those of another node only once
     their owner is gone."""
     return f"-node{node}{SUFFIX}"
+
+
+def owner_alive(path: Path) -> bool:
+    """Whether a process holds the journal's owner lock; nothing of the journal is read."""
+    try:
+        lock = _take_lock(Path(f"{path}.lock"), create=False)
+    except FileNotFoundError:
+        return False  # no lock file: no owner (or the journal is going)
+    except OSError:
+        return True
+    lock.close()
+    return False
 
 
 def _take_journal_lock(lock_path: Path, journal: Path, *, existing: bool) -> BinaryIO:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pikku_celery.mirror.journal import SUFFIX, Journal, node_suffix
+from pikku_celery.mirror.journal import SUFFIX, Journal, node_suffix, owner_alive
 
 __all__ = ["NodeJournals"]
 
@@ -99,6 +99,8 @@ class NodeJournals:
     def _claim(self, path: Path, child: bool) -> Journal | None:
         if not path.is_dir():
             return None  # an earlier version's journal: adoption upgrades it
+        if not child and owner_alive(path):
+            return None  # another node's, alive: opening it would read it all for nothing
         try:
             journal = Journal(path, role="consume")
         except OSError:

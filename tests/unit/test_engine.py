@@ -62,3 +62,18 @@ def test_a_port_that_is_not_a_number_is_a_configuration_error_naming_the_url() -
         make_engine("postgresql://user:s3cret@host:port/db")
     assert "'postgresql://user:***@host:port/db' is not a database URL" in str(raised.value)
     assert "s3cret" not in str(raised.value)
+
+
+def test_psycopg_keeps_the_parse_of_every_batch_statement() -> None:
+    # psycopg parses the placeholders of a statement it has not cached at every execute;
+    # the set-based batch statements are longer than its default limit (4 KiB).
+    from psycopg import _queries
+    from sqlalchemy.dialects import postgresql
+
+    from pikku_celery.store.sql.batches import record_attempts_pg, schedule_lone_steps_pg
+
+    make_engine("postgresql://nobody@127.0.0.1:1/none").dispose()  # no connection is made
+    dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
+    for statement in (record_attempts_pg("succeeded"), schedule_lone_steps_pg):
+        text = str(statement.compile(dialect=dialect)).encode()
+        assert len(text) <= _queries.MAX_CACHED_STATEMENT_LENGTH
