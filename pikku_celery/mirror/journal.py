@@ -13,6 +13,10 @@ journal while it grows (:class:`JournalTail`) without any lock.
 A process holds an exclusive ``flock`` on its journal's lock file while it lives,
 so a journal whose lock can be taken belongs to a process that is gone (stopped,
 recycled, killed): any other process may adopt it, write its events and delete it.
+Whoever writes a journal to SQL holds a second lock, ``<journal>.consumer``: the
+owner itself, or, for a worker's pool process that only appends (role
+``"append"``), the worker's main process (role ``"consume"``); an adopter needs
+both locks, so it never takes a journal from under its consumer.
 
 An event leaves the journal only once the batch holding it has committed. What
 has left is kept in memory and in a small checkpoint rewritten after each change,

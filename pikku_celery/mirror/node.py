@@ -5,10 +5,10 @@ processes it forks afterwards append to journals of their own and run no
 flusher. The main process's flusher claims every journal in the folder that no
 process consumes (its consumer lock is free): its children's at once (their
 names end with its pid, see ``node_suffix``), and those of processes that are
-gone (a node served before it that died, say). It reads them
-while they grow and writes them with its own in shared batches. A journal
-whose owner has ended is deleted once it is empty; one whose owner lives and
-that is let go (the main process stops) is claimed by the next that looks.
+gone (a node served before it that died, say). It reads them while they grow
+and writes them with its own in shared batches. A journal whose owner has ended
+is deleted once it is empty; one whose owner lives when it is let go (the main
+process stops first) is claimed by the next node once that owner is gone.
 """
 
 from __future__ import annotations
