@@ -397,9 +397,13 @@ def task_retry(
         return
     pikku = mirrored.pikku
     cause = reason.exc if isinstance(reason, Retry) and reason.exc is not None else reason
-    error = error_document(cause if isinstance(cause, BaseException) else str(cause))
-    if einfo is not None and getattr(einfo, "traceback", None):
-        error["traceback"] = error["stack"] = einfo.traceback
+    # Celery formatted the traceback already: formatting it again reads every frame's source.
+    formatted = getattr(einfo, "traceback", None) or None
+    error = error_document(
+        cause if isinstance(cause, BaseException) else str(cause), formatted=formatted
+    )
+    if formatted is not None:
+        error["traceback"] = error["stack"] = formatted
     when = getattr(request, _RETRY_ETA, None) or (
         reason.when if isinstance(reason, Retry) else None
     )
@@ -452,9 +456,12 @@ def task_failure(
         return
     pikku = mirrored.pikku
     request = sender.request
-    error = error_document(exception if exception is not None else "task failed")
-    if einfo is not None and getattr(einfo, "traceback", None):
-        error["traceback"] = error["stack"] = einfo.traceback
+    formatted = getattr(einfo, "traceback", None) or None
+    error = error_document(
+        exception if exception is not None else "task failed", formatted=formatted
+    )
+    if formatted is not None:
+        error["traceback"] = error["stack"] = formatted
     if isinstance(exception, Reject):
         error["message"] = (
             "The task rejected its message without requeue (Reject(requeue=False)): the broker "

@@ -74,9 +74,12 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def error_document(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]:
+def error_document(
+    error: BaseException | Mapping[str, Any] | str, *, formatted: str | None = None
+) -> dict[str, Any]:
     """The stored shape of an error: ``{type, message, traceback, stack}``, and ``code``
-    when the error has one.
+    when the error has one. ``formatted``: the exception's traceback as text already
+    (Celery's ``einfo.traceback``), which is then not formatted again.
 
     ``stack`` holds the traceback again under the name a Pikku reader looks
     for; ``code`` is a stable machine-readable name (``VERSION_CONFLICT``),
@@ -89,7 +92,7 @@ def error_document(error: BaseException | Mapping[str, Any] | str) -> dict[str, 
             if cls.__module__ == "builtins"
             else (f"{cls.__module__}.{cls.__qualname__}")
         )
-        tb = (
+        tb = formatted or (
             "".join(traceback.format_exception(cls, error, error.__traceback__))
             if error.__traceback__ is not None
             else None

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+import traceback
 
 import pytest
 
@@ -65,3 +66,20 @@ def test_error_document_shapes() -> None:
     }
     with pytest.raises(SerializationError):
         error_document(42)  # type: ignore[arg-type]
+
+
+def test_an_error_with_its_traceback_formatted_already_is_not_formatted_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError as exc:
+        error = exc
+
+    def never(*_: object) -> list[str]:
+        raise AssertionError("the traceback was formatted again")
+
+    monkeypatch.setattr(traceback, "format_exception", never)
+    document = error_document(error, formatted="Traceback (most recent call last): ...")
+    assert document["traceback"] == document["stack"] == "Traceback (most recent call last): ..."
+    assert (document["type"], document["message"]) == ("ValueError", "boom")
