@@ -80,7 +80,8 @@ class BatchWriter:
         self._lock = threading.Lock()
         # Per journal, the steps with events deferred in it: a result of such a step waits
         # behind them, so it is never in SQL before the attempt it belongs to.
-        self._held: dict[str, set[str]] = {}
+        # (step id -> the seqs of its events that wait): its later events wait behind them.
+        self._held: dict[str, dict[str, set[int]]] = {}
         # Per journal, the runs with a step whose publish is deferred in it (a chain's next
         # link, published by the pool process that ran the link before): an end of that
         # run's steps waits behind it, or the run would complete without the step.
@@ -165,9 +166,7 @@ class BatchWriter:
                 )
             for journal, lane in _by_journal(behind):
                 # A result waits behind its attempt's end, which now waits too.
-                self._held.setdefault(str(journal.path), set()).update(
-                    i.pending.event.step_id for i in lane
-                )
+                self._hold(journal, done=[], waiting=[i.pending for i in lane])
             waiting = {id(i) for i in behind}
             items = [i for i in items if id(i) not in waiting]
         self._write_pending(items)
@@ -175,8 +174,9 @@ class BatchWriter:
 
     def _behind_their_step(self, items: Sequence[_Item]) -> list[_Item]:
         """Events that wait for an earlier event of their journal, deferred and not in this
-        batch: a result for its attempt's end (journal order is the attempt's, then its
-        result), a step's success for a publish of its run (a chain's next link)."""
+        batch: any later event of the same step (a redelivery's start, the attempt's end,
+        its result: one process's events of a step keep their order), and a step's success
+        for a publish of its run (a chain's next link)."""
         if not any(self._held.values()) and not any(self._held_runs.values()):
             return []
         present = {
@@ -184,13 +184,14 @@ class BatchWriter:
             for i in items
             if not isinstance(i.pending.event, ResultStored)
         }
+        seqs = {(id(i.journal), i.pending.seq) for i in items}
         behind = []
         for item in items:
             event, path, lane = item.pending.event, str(item.journal.path), id(item.journal)
-            if isinstance(event, ResultStored):
-                waits = event.step_id in self._held.get(path, ()) and (
-                    (lane, event.step_id) not in present
-                )
+            held = self._held.get(path, {}).get(event.step_id)
+            first = min(held) if held else None
+            if first is not None and first < item.pending.seq and (lane, first) not in seqs:
+                waits = True
             elif isinstance(event, AttemptSucceeded) and event.run_id is not None:
                 publishes = self._held_runs.get(path, {}).get(event.run_id, ())
                 waits = any((lane, step) not in present for step in publishes)
@@ -218,6 +219,7 @@ class BatchWriter:
                 self._write_pending(items[half:])
                 return
             self._deferral.put_aside(items[0].journal, items[0].entry, _reason(exc))
+            self._hold(items[0].journal, done=[items[0].pending], waiting=[])
             self._publishes(items[0].journal, done=[items[0].pending], waiting=[])
             return
         committed = time.time()
@@ -226,9 +228,7 @@ class BatchWriter:
             done = [i.pending for i in lane if i.pending.event.step_id not in result.missing]
             journal.remove(p.seq for p in done)
             self._deferral.defer(journal, waiting, {i.entry.seq: i.entry for i in lane}, committed)
-            held = self._held.setdefault(str(journal.path), set())
-            held.difference_update(p.event.step_id for p in done)
-            held.update(p.event.step_id for p in waiting)
+            self._hold(journal, done, waiting)
             self._publishes(journal, done, waiting)
             self.written += len(done)
             self.lags.extend(committed - p.event.at for p in done)
@@ -237,6 +237,20 @@ class BatchWriter:
             self._committed(result.replay)
         if result.fired:
             self._fired(result.fired)
+
+    def _hold(self, journal: Journal, done: Sequence[Pending], waiting: Sequence[Pending]) -> None:
+        """Keep, per step, the first of its events that waits in ``journal`` (``_held``)."""
+        held = self._held.setdefault(str(journal.path), {})
+        gone = {id(item) for item in done}
+        for item in (*done, *waiting):
+            seqs = held.setdefault(item.event.step_id, set())
+            # One that waited past its grace is set aside by the deferral: it holds nothing.
+            if id(item) in gone or item.overdue:
+                seqs.discard(item.seq)
+            else:
+                seqs.add(item.seq)
+            if not seqs:
+                del held[item.event.step_id]
 
     def _publishes(
         self, journal: Journal, done: Sequence[Pending], waiting: Sequence[Pending]

@@ -248,6 +248,34 @@ def test_a_steps_success_waits_behind_a_deferred_publish_of_its_run(
     worker.close()
 
 
+def test_a_steps_later_events_wait_behind_its_deferred_start_in_the_same_journal(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    """A message rejected with requeue and delivered again: its first start waits for the
+    publish (not in SQL yet); the second start and the success, read by a later flush, wait
+    behind it, so the attempt is never succeeded with one delivery counted of two."""
+    publisher, worker = mirror_of(store, tmp_path), mirror_of(store, tmp_path)
+    step_id = str(uuid.uuid4())
+    publisher.published(lone(step_id))  # journaled, not flushed yet
+    worker.started(step_id, 1, worker="w", pid=1)
+    assert worker.flush()  # the start waits for the publish
+    worker.started(step_id, 1, worker="w", pid=2)  # delivered again
+    worker.succeeded(step_id, step_id, 1, "done")
+    assert publisher.flush()
+    assert worker.flush()  # the first start is not due yet: the two others wait behind it
+    [attempt] = store.get_run_history(step_id)
+    assert (attempt.status, attempt.delivery_count) == ("scheduled", 0)
+    deadline = time.monotonic() + 5
+    while worker.journal_depth:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+        assert worker.flush()
+    [attempt] = store.get_run_history(step_id)
+    assert (attempt.status, attempt.delivery_count) == ("succeeded", 2)
+    publisher.close()
+    worker.close()
+
+
 def test_a_lone_task_published_twice_or_adopted_first_is_written_once(
     store: WorkflowStore, tmp_path: Path
 ) -> None:
