@@ -165,7 +165,7 @@ class BatchWriter:
                     journal, [i.pending for i in lane], {i.entry.seq: i.entry for i in lane}, now
                 )
             for journal, lane in _by_journal(behind):
-                # A result waits behind its attempt's end, which now waits too.
+                # They wait now: what follows them in their step waits behind them.
                 self._hold(journal, done=[], waiting=[i.pending for i in lane])
             waiting = {id(i) for i in behind}
             items = [i for i in items if id(i) not in waiting]
