@@ -503,12 +503,31 @@ class CeleryMirror:
         )
 
 
+# A process sends to a few queues: each one's routing is encoded once, not per event.
+_ROUTINGS: dict[tuple[Any, Any], str | None] = {}
+_ROUTINGS_KEPT: Final = 256
+
+
 def _routing_json(routing: Mapping[str, Any] | None) -> str | None:
     """Where a message went, kept only as far as it can be sent there again."""
     if not routing:
         return None
-    kept = {k: str(routing[k]) for k in ("exchange", "routing_key") if routing.get(k) is not None}
-    return json.dumps(kept, separators=(",", ":")) if kept else None
+    key = (routing.get("exchange"), routing.get("routing_key"))
+    try:
+        return _ROUTINGS[key]
+    except (KeyError, TypeError):  # TypeError: a value that is no dict key
+        pass
+    kept = {
+        name: str(value)
+        for name, value in zip(("exchange", "routing_key"), key, strict=True)
+        if value is not None
+    }
+    encoded = json.dumps(kept, separators=(",", ":")) if kept else None
+    if len(_ROUTINGS) >= _ROUTINGS_KEPT:
+        _ROUTINGS.clear()
+    with contextlib.suppress(TypeError):
+        _ROUTINGS[key] = encoded
+    return encoded
 
 
 def _delay_text(seconds: float | None) -> str | None:

@@ -19,12 +19,13 @@ owner itself, or, for a worker's pool process that only appends (role
 both locks, so it never takes a journal from under its consumer.
 
 An event leaves the journal only once the batch holding it has committed. What
-has left is kept in memory and in a small checkpoint rewritten after each change,
-without a sync: a batch written twice changes nothing in SQL, so events read
-again after a crash are harmless. A segment goes once every record in it has
-left. An event that must wait (its step is not in SQL yet) is deferred in place;
-one that can never be written is set aside in a file of its own, one JSON line
-per event for a person to read, and never blocks the events behind it.
+has left is kept in memory and in a checkpoint file, one checksummed record appended
+per change (the last whole one counts), without a sync: a batch written twice
+changes nothing in SQL, so events read again after a crash are harmless. A segment
+goes once every record in it has left. An event that must wait (its step is not in
+SQL yet) is deferred in place; one that can never be written is set aside in a file
+of its own, one JSON line per event for a person to read, and never blocks the
+events behind it.
 """
 
 from __future__ import annotations
@@ -94,7 +95,15 @@ _MAX_BODY: Final = 1 << 30
 _CHUNK: Final = 256 * 1024
 _HEADER_READ: Final = 64 * 1024
 
-_CHECKPOINT: Final = "consumed.json"
+# What has left a journal: one record appended per change (a rename per batch cost more
+# than the rest of the batch's file work), the last whole record counting; rewritten
+# whole past this size, and whenever a process starts writing it (its tail may be torn).
+_CHECKPOINT: Final = "consumed.log"
+_CHECKPOINT_KIND: Final = "checkpoint"
+_CHECKPOINT_BYTES: Final = 256 * 1024
+# Where an earlier version kept it, rewritten by a rename per change: read when there is
+# no log yet.
+_CHECKPOINT_BEFORE: Final = "consumed.json"
 # Beside ``<journal>.lock``: held by the process that writes the journal to SQL.
 _CONSUMER: Final = ".consumer"
 _SET_ASIDE: Final = "set-aside.jsonl"
@@ -382,7 +391,10 @@ class _Checkpoint:
 
     @classmethod
     def read(cls, path: Path) -> _Checkpoint:
-        data = _read_json(path / _CHECKPOINT)
+        """The last whole checkpoint its consumer wrote (a torn last one is ignored)."""
+        data = _last_checkpoint(path / _CHECKPOINT)
+        if data is None:
+            data = _read_json(path / _CHECKPOINT_BEFORE)
         try:
             return cls(
                 int(data["low"]),
@@ -392,9 +404,71 @@ class _Checkpoint:
         except (TypeError, KeyError, ValueError):
             return cls()
 
-    def write(self, path: Path) -> None:
+    def encoded(self) -> bytes:
         data = {"low": self.low, "removed": self.removed, "deferred": self.deferred}
-        _write_atomically(path / _CHECKPOINT, json.dumps(data).encode())
+        return _record(_CHECKPOINT_KIND, json.dumps(data, separators=(",", ":")))
+
+
+def _last_checkpoint(path: Path) -> Any:
+    try:
+        buffer = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    last: str | None = None
+    pos = 0
+    while True:
+        parsed = _parse(buffer, pos)
+        if isinstance(parsed, int):
+            break  # the end, or a record its writer did not finish
+        pos, kind, payload = parsed
+        if kind == _CHECKPOINT_KIND:
+            last = payload
+    if last is None:
+        return None
+    try:
+        return json.loads(last)
+    except ValueError:
+        return None
+
+
+class _CheckpointLog:
+    """The consumer's side of a journal's checkpoint file: a record appended per change.
+
+    A reader sees the old checkpoint or the new, never a mix: it takes the last record
+    whose checksum holds. No sync, as for the segments.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path / _CHECKPOINT
+        self._fd: int | None = None
+        self._size = 0
+
+    def write(self, checkpoint: _Checkpoint) -> None:
+        record = checkpoint.encoded()
+        if self._fd is None or self._size + len(record) > _CHECKPOINT_BYTES:
+            self._rewrite(record)
+            return
+        written = os.write(self._fd, record)
+        if written != len(record):
+            # A full disk: a record cut short would hide every later one from readers.
+            os.ftruncate(self._fd, self._size)
+            raise OSError(errno.ENOSPC, f"journal checkpoint {self._path}: a record cut short")
+        self._size += written
+
+    def _rewrite(self, record: bytes) -> None:
+        """The file anew with one record: the first write of a process (a consumer before
+        it may have died in the middle of a record) and whenever it has grown long."""
+        self.close()
+        _write_atomically(self._path, record)
+        with contextlib.suppress(FileNotFoundError):
+            (self._path.parent / _CHECKPOINT_BEFORE).unlink()
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
+        self._size = len(record)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _read_set_aside(path: Path) -> dict[int, _Aside]:
@@ -552,6 +626,7 @@ class Journal:
             _write_atomically(path / _META, json.dumps({"database": database}).encode())
             self._database = database
         checkpoint = _Checkpoint.read(path)
+        self._checkpoints = _CheckpointLog(path)
         self._aside = _read_set_aside(path)
         self._skip = _Spans(checkpoint.removed)
         for seq in self._aside:
@@ -798,7 +873,7 @@ class Journal:
             tuple((seq, until, since) for seq, (until, since) in self._deferred.items()),
         )
         if checkpoint != self._written:
-            checkpoint.write(self.path)
+            self._checkpoints.write(checkpoint)
             self._written = checkpoint
         if self.external:
             self._segments = _segment_firsts(self.path)  # its owner makes them
@@ -840,6 +915,7 @@ class Journal:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+            self._checkpoints.close()
             self._tail.close()
         if empty and delete_if_empty and self.role != "append" and self._lock_file is not None:
             # Every file goes while the flocks are still held, the lock file last: an

@@ -4,6 +4,7 @@ leaves every event whose append returned, in order, once."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -123,6 +124,50 @@ def test_segments_rotate_and_each_goes_once_every_record_in_it_has_left(
     assert len(segments(path)) == 1  # the last one stays until the journal goes
     adopted.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_what_has_left_is_a_checkpoint_appended_per_batch_and_a_torn_last_one_is_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_module, "_CHECKPOINT_BYTES", 1024)
+    path = tmp_path / "host-1-a.journal"
+    journal = Journal(path, "db")
+    for n in range(60):
+        journal.append("started", json.dumps({"n": n}))
+    log = path / "consumed.log"
+    sizes = []
+    for _ in range(20):  # a batch of two leaves at a time
+        journal.remove(e.seq for e in journal.peek(2, time.time()))
+        sizes.append(log.stat().st_size)
+    # Appended to, one record per batch, and written anew whenever it grew long.
+    assert any(b > a for a, b in itertools.pairwise(sizes))
+    assert any(b < a for a, b in itertools.pairwise(sizes))
+    assert max(sizes) <= 1024
+    assert journal_depth(tmp_path, only=".") == 20
+    journal.close(delete_if_empty=False)
+
+    with log.open("ab") as file:  # a consumer killed in the middle of its next record
+        file.write(struct.pack("<II", 60, 0) + b"checkpoint {")
+    [adopted] = orphaned_journals(tmp_path, "db")
+    assert [json.loads(p)["n"] for p in payloads(adopted)] == list(range(40, 60))
+    adopted.remove(e.seq for e in adopted.peek(5, time.time()))
+    # The adopter wrote it anew: the torn record is gone and hides no later one.
+    assert journal_depth(tmp_path, only=".") == 15
+    adopted.close(delete_if_empty=False)
+
+
+def test_a_checkpoint_of_an_earlier_version_counts_until_the_first_batch(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "host-1-a.journal"
+    left(path, 10)
+    (path / "consumed.json").write_text(json.dumps({"low": 7, "removed": [], "deferred": []}))
+    [adopted] = orphaned_journals(tmp_path, "db")
+    assert [json.loads(p)["n"] for p in payloads(adopted)] == [6, 7, 8, 9]
+    adopted.remove(e.seq for e in adopted.peek(1, time.time()))
+    assert not (path / "consumed.json").exists()
+    assert journal_depth(tmp_path, only=".") == 3
+    adopted.close(delete_if_empty=False)
 
 
 def test_set_aside_events_are_json_lines_and_come_back_in_order(tmp_path: Path) -> None:
