@@ -192,9 +192,13 @@ class Delivery:
     def _journals(self) -> list[Journal] | None:
         """This process's journal, then its node's (None: it has none, the flusher ends)."""
         journal = self._journal
-        if journal is None:
-            return None
-        return [journal] if self._node is None else [journal, *self._node.refresh()]
+        return None if journal is None else self._with_node(journal)
+
+    def _with_node(self, journal: Journal | None) -> list[Journal]:
+        """``journal`` (this process's, if it has one), then the node's it serves."""
+        journals = [] if journal is None else [journal]
+        node = self._node
+        return journals if node is None else [*journals, *node.refresh()]
 
     def _flush_journals(self, journals: Sequence[Journal]) -> bool:
         with self._node_lock:
@@ -313,10 +317,7 @@ class Delivery:
         self._this_process()
         if self.append_only:
             return True  # the node's flusher writes what this process appends
-        journal, node = self._journal, self._node
-        journals = [] if journal is None else [journal]
-        if node is not None:
-            journals += node.refresh()
+        journals = self._with_node(self._journal)
         return self._flush_journals(journals) if journals else True
 
     def flush_journal(self, journal: Journal) -> bool:
@@ -371,11 +372,8 @@ class Delivery:
                 journal.close()  # the node's flusher writes it, and deletes it once empty
                 atexit.unregister(self.close)
             return
-        journals = [] if journal is None else [journal]
-        if node is not None:
-            journals += node.refresh()
         try:
-            self._flush_journals(journals)
+            self._flush_journals(self._with_node(journal))
         except StoreError:
             pass  # the database is away: the journal keeps the events
         if node is not None:

@@ -62,12 +62,7 @@ class Results:
 
         A chord is journaled by its publisher and its parts' results by the workers, so the
         results may be in SQL first: a chord is counted as it lands, too."""
-        if chords:
-            with self._db.write(conn) as c:
-                self._apply_chords(c, chords)
-                if not rows:
-                    return self._complete_chords(c, [h.group_id for h in chords], chords[0].at)
-        if not rows:
+        if not rows and not chords:
             return []
         params = [
             {
@@ -81,7 +76,12 @@ class Results:
             for r in rows
         ]
         ready = [r.task_id for r in rows if r.status in sql.results.READY_STATES]
+        # One transaction: the chords and the results that count them land together.
         with self._db.write(conn) as c:
+            if chords:
+                self._apply_chords(c, chords)
+                if not rows:
+                    return self._complete_chords(c, [h.group_id for h in chords], chords[0].at)
             c.execute(self._write, params)
             if ready and self._notify is not None:
                 # Delivered at COMMIT, to the readers waiting for these ids (result_watch).

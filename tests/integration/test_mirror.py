@@ -21,8 +21,9 @@ from pikku_celery import WorkflowStore
 from pikku_celery.mirror import CeleryMirror, PublishedStep
 from pikku_celery.mirror.apply import Pending, plan
 from pikku_celery.mirror.events import MirrorEvent, decode
-from pikku_celery.store import MirrorBatch, NewRun, NewStep, RunOutcome, StepTransition
+from pikku_celery.store import MirrorBatch, NewStep, RunOutcome, StepTransition
 from tests.support import transitions
+from tests.support.published import lone
 from tests.support.statements import count_statements
 from tests.support.threads import run_threads
 
@@ -32,17 +33,6 @@ ERROR = {"type": "ValueError", "message": "t", "traceback": None}
 
 def mirror_of(store: WorkflowStore, tmp_path: Path) -> CeleryMirror:
     return CeleryMirror(store, journal_dir=tmp_path / uuid.uuid4().hex, background=False)
-
-
-def lone(step_id: str, name: str = "charge") -> PublishedStep:
-    return PublishedStep(
-        run_id=step_id,
-        step_id=step_id,
-        step_name=name,
-        rpc_name=f"shop.{name}",
-        data={"args": [1], "kwargs": {}},
-        new_run=NewRun(f"shop.{name}", {"args": [1]}, {"type": "task"}),
-    )
 
 
 def running_lone_task(mirror: CeleryMirror) -> str:
@@ -185,21 +175,31 @@ def test_a_step_published_without_pikku_is_adopted_when_it_starts(
     mirror.close()
 
 
+def chain_started(
+    store: WorkflowStore, publisher: CeleryMirror, worker: CeleryMirror
+) -> tuple[str, str, str]:
+    """A chain of two ``add`` links: the first published (journaled, not flushed) and
+    started by the worker, whose journal has not seen the second yet. Returns the run's
+    id and the two links' task ids."""
+    run_id = store.create_run("chain", None, wire={"type": "canvas"})
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    publisher.published(chain_link(run_id, first, None))
+    adoption = worker.adoption(run_id, "add", "shop.add", published=True)
+    worker.started(first, 1, worker="w", pid=1, adoption=adoption)
+    return run_id, first, second
+
+
+def chain_link(run_id: str, step_id: str, parent: str | None) -> PublishedStep:
+    return PublishedStep(run_id, step_id, "add", "shop.add", {}, parent_step_id=parent)
+
+
 def test_a_workers_events_wait_for_the_publish_and_names_keep_publish_order(
     store: WorkflowStore, tmp_path: Path
 ) -> None:
     publisher, worker = mirror_of(store, tmp_path), mirror_of(store, tmp_path)
-    run_id = store.create_run("chain", None, wire={"type": "canvas"})
-    first, second = str(uuid.uuid4()), str(uuid.uuid4())
-
-    def link(step_id: str, parent: str | None) -> PublishedStep:
-        return PublishedStep(run_id, step_id, "add", "shop.add", {}, parent_step_id=parent)
-
-    publisher.published(link(first, None))  # journaled, not flushed yet
-    adoption = worker.adoption(run_id, "add", "shop.add", published=True)
-    worker.started(first, 1, worker="w", pid=1, adoption=adoption)
+    run_id, first, second = chain_started(store, publisher, worker)
     worker.succeeded(run_id, first, 1, 2)
-    worker.published(link(second, first))  # the chain's next link, from the worker
+    worker.published(chain_link(run_id, second, first))  # the chain's next link
     assert worker.flush()  # its step and its parent are not in SQL: everything waits
     assert store.list_step_states(run_id) == []
     assert worker.journal_depth == 3
@@ -222,16 +222,8 @@ def test_a_steps_success_waits_behind_a_deferred_publish_of_its_run(
     waits (the sender's own publish is not in SQL yet) and the success is read later, on
     its own, the success waits for the link: else the run completes without its next step."""
     publisher, worker = mirror_of(store, tmp_path), mirror_of(store, tmp_path)
-    run_id = store.create_run("chain", None, wire={"type": "canvas"})
-    first, second = str(uuid.uuid4()), str(uuid.uuid4())
-
-    def link(step_id: str, parent: str | None) -> PublishedStep:
-        return PublishedStep(run_id, step_id, "add", "shop.add", {}, parent_step_id=parent)
-
-    publisher.published(link(first, None))  # journaled, not flushed yet
-    adoption = worker.adoption(run_id, "add", "shop.add", published=True)
-    worker.started(first, 1, worker="w", pid=1, adoption=adoption)
-    worker.published(link(second, first))
+    run_id, first, second = chain_started(store, publisher, worker)
+    worker.published(chain_link(run_id, second, first))
     assert worker.flush()  # both wait for the first link's publish
     worker.succeeded(run_id, first, 1, 2)  # appended after that flush read the journal
     assert publisher.flush()

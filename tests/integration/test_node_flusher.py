@@ -12,22 +12,11 @@ from pathlib import Path
 
 from pikku_celery import WorkflowStore
 from pikku_celery.errors import RunNotFound
-from pikku_celery.mirror import CeleryMirror, PublishedStep
+from pikku_celery.mirror import CeleryMirror
 from pikku_celery.mirror.events import AttemptStarted, encode, new_event_id
 from pikku_celery.mirror.journal import Journal, node_suffix
-from pikku_celery.store import NewRun
+from tests.support.published import lone
 from tests.support.statements import count_statements
-
-
-def lone(step_id: str) -> PublishedStep:
-    return PublishedStep(
-        run_id=step_id,
-        step_id=step_id,
-        step_name="charge",
-        rpc_name="shop.charge",
-        data={"args": [1], "kwargs": {}},
-        new_run=NewRun("shop.charge", {"args": [1]}, {"type": "task"}),
-    )
 
 
 def node_mirror(store: WorkflowStore, tmp_path: Path) -> CeleryMirror:
