@@ -28,7 +28,6 @@ from pikku_celery.mirror.deferral import Deferral
 from pikku_celery.mirror.events import (
     AttemptEnded,
     AttemptSucceeded,
-    ResultStored,
     StepPublished,
     decode,
 )
@@ -83,9 +82,10 @@ class BatchWriter:
         # (step id -> the seqs of its events that wait): its later events wait behind them.
         self._held: dict[str, dict[str, set[int]]] = {}
         # Per journal, the runs with a step whose publish is deferred in it (a chain's next
-        # link, published by the pool process that ran the link before): an end of that
-        # run's steps waits behind it, or the run would complete without the step.
-        self._held_runs: dict[str, dict[str, set[str]]] = {}
+        # link, published by the pool process that ran the link before): a success of that
+        # run's steps journaled after it waits behind it, or the run would complete without
+        # the step. (run id -> step id -> the seq of its publish.)
+        self._held_runs: dict[str, dict[str, dict[str, int]]] = {}
         self.written = self.batches = 0
         self.lags: deque[float] = deque(maxlen=_LAG_SAMPLES)
 
@@ -165,40 +165,45 @@ class BatchWriter:
                     journal, [i.pending for i in lane], {i.entry.seq: i.entry for i in lane}, now
                 )
             for journal, lane in _by_journal(behind):
-                # They wait now: what follows them in their step waits behind them.
+                # They wait now: what follows them in their step (or run) waits behind them.
                 self._hold(journal, done=[], waiting=[i.pending for i in lane])
+                self._publishes(journal, done=[], waiting=[i.pending for i in lane])
             waiting = {id(i) for i in behind}
             items = [i for i in items if id(i) not in waiting]
         self._write_pending(items)
         return len(items) + len(behind)
 
     def _behind_their_step(self, items: Sequence[_Item]) -> list[_Item]:
-        """Events that wait for an earlier event of their journal, deferred and not in this
-        batch: any later event of the same step (a redelivery's start, the attempt's end,
-        its result: one process's events of a step keep their order), and a step's success
-        for a publish of its run (a chain's next link)."""
+        """Events that wait for an earlier event of their journal, deferred and not written
+        in this batch: any later event of the same step (a redelivery's start, the
+        attempt's end, its result: one process's events of a step keep their order), and a
+        step's success for a publish of its run (a chain's next link).
+
+        What this batch writes is decided in order, so an event that waits holds back those
+        behind it; and a success waits for the publish itself, not for any event of that
+        step (the link's own start, due before its publish, waits too)."""
         if not any(self._held.values()) and not any(self._held_runs.values()):
             return []
-        present = {
-            (id(i.journal), i.pending.event.step_id)
-            for i in items
-            if not isinstance(i.pending.event, ResultStored)
-        }
-        seqs = {(id(i.journal), i.pending.seq) for i in items}
+        written: set[tuple[int, int]] = set()  # (journal, seq) this batch writes
         behind = []
         for item in items:
             event, path, lane = item.pending.event, str(item.journal.path), id(item.journal)
             held = self._held.get(path, {}).get(event.step_id)
             first = min(held) if held else None
-            if first is not None and first < item.pending.seq and (lane, first) not in seqs:
+            if first is not None and first < item.pending.seq and (lane, first) not in written:
                 waits = True
             elif isinstance(event, AttemptSucceeded) and event.run_id is not None:
-                publishes = self._held_runs.get(path, {}).get(event.run_id, ())
-                waits = any((lane, step) not in present for step in publishes)
+                publishes = self._held_runs.get(path, {}).get(event.run_id, {})
+                waits = any(
+                    seq < item.pending.seq and (lane, seq) not in written
+                    for seq in publishes.values()
+                )
             else:
                 waits = False
             if waits:
                 behind.append(item)
+                continue
+            written.add((lane, item.pending.seq))
         return behind
 
     def _write_pending(self, items: Sequence[_Item]) -> None:
@@ -262,12 +267,12 @@ class BatchWriter:
             event = item.event
             if not isinstance(event, StepPublished):
                 continue
-            steps = runs.setdefault(event.run_id, set())
+            steps = runs.setdefault(event.run_id, {})
             # One that waited past its grace is set aside by the deferral: it holds nothing.
             if id(item) in deferred and not item.overdue:
-                steps.add(event.step_id)
+                steps[event.step_id] = item.seq
             else:
-                steps.discard(event.step_id)
+                steps.pop(event.step_id, None)
             if not steps:
                 del runs[event.run_id]
 

@@ -240,6 +240,42 @@ def test_a_steps_success_waits_behind_a_deferred_publish_of_its_run(
     worker.close()
 
 
+def test_a_steps_success_waits_for_a_deferred_publish_even_when_the_links_start_is_due(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    """The chain's next link waits (its sender's publish is not in SQL yet); the sender's
+    success and the link's start come due before the link's publish does. The success
+    still waits for the publish itself, not for any event of the link: else the run
+    completes without the link (CI saw a chain's run end with its body's result)."""
+    publisher = mirror_of(store, tmp_path)
+    # Deferred events come due one interval after they were deferred: long enough here
+    # for the steps below to run between two of them on any machine.
+    worker = CeleryMirror(
+        store, journal_dir=tmp_path / "worker", background=False, flush_interval=0.5
+    )
+    run_id = store.create_run("chain", None, wire={"type": "canvas"})
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    publisher.published(chain_link(run_id, first, None))  # journaled, not flushed yet
+    worker.published(chain_link(run_id, second, first))  # sent by the first link
+    assert worker.flush()  # the link waits for its sender's publish
+    worker.succeeded(run_id, first, 1, 2)
+    adoption = worker.adoption(run_id, "add", "shop.add", published=True)
+    worker.started(second, 1, worker="w", pid=1, adoption=adoption)
+    assert publisher.flush()
+    assert worker.flush()  # the link's publish is not due yet: the success waits for it
+    assert store.get_run(run_id).status == "running"
+    deadline = time.monotonic() + 10
+    while worker.journal_depth:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+        assert worker.flush()
+    steps = {s.step_name: s.status for s in store.list_step_states(run_id)}
+    assert steps == {"add": "succeeded", "add#2": "running"}
+    assert store.get_run(run_id).status == "running"
+    publisher.close()
+    worker.close()
+
+
 def test_a_steps_later_events_wait_behind_its_deferred_start_in_the_same_journal(
     store: WorkflowStore, tmp_path: Path
 ) -> None:
