@@ -1,4 +1,4 @@
-"""What every worker holds, asked in one broadcast: the reaper's view of the cluster.
+"""What every worker with pikku-celery holds: the reaper's view of the cluster.
 
 A worker answers ``pikku_held`` with three things about the task ids it is
 asked of: those it has (running, reserved, or waiting on an ETA); those
