@@ -30,7 +30,7 @@ from pikku_celery.store import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, FiredChor
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.engine import WorkflowEngine
 
-__all__ = ["REAP_TASK", "PikkuCelery"]
+__all__ = ["ENV_MAX_PAYLOAD_BYTES", "MAX_PAYLOAD_SETTING", "REAP_TASK", "PikkuCelery"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,30 @@ logger = logging.getLogger(__name__)
 REAP_TASK = "pikku_celery.reap"
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: The largest value (result, input, output, state) the store takes, in bytes of JSON or
+#: encoded result: the app setting, else the environment variable, else the store's 16 MiB.
+MAX_PAYLOAD_SETTING = "pikku_max_payload_bytes"
+ENV_MAX_PAYLOAD_BYTES = "PIKKU_MAX_PAYLOAD_BYTES"
+
+
+def _max_payload_bytes(conf: Any) -> dict[str, int]:
+    """``WorkflowStore``'s ``max_payload_bytes`` argument, when one is configured."""
+    configured = conf.get(MAX_PAYLOAD_SETTING)
+    if configured is None or configured == "":
+        configured = os.environ.get(ENV_MAX_PAYLOAD_BYTES)
+    if configured is None or configured == "":
+        return {}
+    try:
+        limit = int(configured)
+    except (TypeError, ValueError):
+        limit = 0
+    if isinstance(configured, bool) or limit <= 0:
+        raise ConfigurationError(
+            f"{MAX_PAYLOAD_SETTING} ({ENV_MAX_PAYLOAD_BYTES}) is a number of bytes "
+            f"(33554432 for 32 MiB), not {configured!r}."
+        )
+    return {"max_payload_bytes": limit}
 
 
 class PikkuCelery:
@@ -51,6 +75,8 @@ class PikkuCelery:
     ``app.conf.pikku_journal_dir``, else ``PIKKU_JOURNAL_DIR``, else
     ``~/.local/state/pikku-celery/journal``) and written to SQL in group
     commits every ``app.conf.pikku_flush_interval`` (else ``PIKKU_FLUSH_INTERVAL``) seconds.
+    The largest value it stores is ``app.conf.pikku_max_payload_bytes`` (else
+    ``PIKKU_MAX_PAYLOAD_BYTES``, else 16 MiB); a ``store`` passed in keeps its own.
 
     ``mirror="all"`` (else ``app.conf.pikku_mirror``, else ``PIKKU_MIRROR``) mirrors
     every task of the app, not only ``WorkflowTask`` ones (``"steps"``, the default),
@@ -83,7 +109,7 @@ class PikkuCelery:
                 or os.environ.get(ENV_DATABASE_URL)
                 or DEFAULT_DATABASE_URL
             )
-            store = WorkflowStore(url)
+            store = WorkflowStore(url, **_max_payload_bytes(app.conf))
         self.mirror = CeleryMirror(
             store,
             journal_dir=journal_dir or app.conf.get("pikku_journal_dir") or None,

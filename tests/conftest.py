@@ -7,8 +7,10 @@ A service that is down skips its tests locally and fails them in CI
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
+from types import FrameType
 
 import pytest
 import sqlalchemy as sa
@@ -22,6 +24,19 @@ for _name in [
     if name.startswith("PIKKU_") and not name.startswith(("PIKKU_TEST_", "PIKKU_REQUIRE_"))
 ]:
     del os.environ[_name]
+
+
+def _interrupted_by_sigterm(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (a CI timeout, ``docker stop``, ``kill``) ends the session as Ctrl-C does, so
+    every fixture's teardown runs: workers stopped, test databases dropped. Further ones are
+    ignored until that teardown is done (the sender's SIGKILL still ends it)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    signal.signal(signal.SIGTERM, _interrupted_by_sigterm)
+
 
 REQUIRE_SERVICES = bool(os.environ.get("CI") or os.environ.get("PIKKU_REQUIRE_SERVICES"))
 PG_ADMIN_URL = os.environ.get(

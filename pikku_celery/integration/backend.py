@@ -178,7 +178,9 @@ class PikkuBackend(BaseBackend):
             too_large = ResultTooLarge(
                 f"The {state} result of task {task_id} is {len(encoded)} bytes encoded, over "
                 f"the store's limit of {limit}: return a reference to the data (a key, a path) "
-                "instead of the data itself, or raise the store's max_payload_bytes."
+                "instead of the data itself, or raise the limit with the "
+                "pikku_max_payload_bytes setting (app.conf.pikku_max_payload_bytes, or "
+                "PIKKU_MAX_PAYLOAD_BYTES in the environment, in bytes)."
             )
             if state != states.FAILURE:
                 # Celery fails a task whose result cannot be encoded (EncodeError): the task

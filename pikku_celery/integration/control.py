@@ -1,4 +1,4 @@
-"""What every worker holds, asked in one broadcast: the reaper's view of the cluster.
+"""What every worker with pikku-celery holds: the reaper's view of the cluster.
 
 A worker answers ``pikku_held`` with three things about the task ids it is
 asked of: those it has (running, reserved, or waiting on an ETA); those
@@ -7,6 +7,13 @@ ended a moment ago but is not in SQL yet is never taken for lost; and when
 its main process started, so an attempt that began before then under the
 same worker name is known to have died with an earlier process of it (a
 restarted worker).
+
+Only workers with pikku-celery are asked: every worker on the broker hears a
+broadcast, and one of another app (without the command) logs "No such control
+command" with a traceback for each. So the view starts with a ``ping``, which
+every worker answers; a worker not yet known to have pikku-celery is asked once
+which tasks it has (``registered``: pikku-celery's own ``pikku_celery.*`` tasks
+say it is installed), and ``pikku_held`` goes to the known ones by name.
 """
 
 from __future__ import annotations
@@ -30,6 +37,11 @@ _READ_SLACK: Final = 5.0
 _CONNECT: Final = 5.0
 
 _started: list[float] = [time.time()]
+# The app PikkuCelery installs registers tasks of this prefix (its reaper's, at least).
+_OUR_TASKS: Final = "pikku_celery."
+# Workers seen with pikku-celery, by node name: asked once, then addressed directly. A
+# name not seen to have it is asked again each time (it may restart with pikku-celery).
+_pikku_workers: set[str] = set()
 
 
 def worker_started() -> None:
@@ -65,28 +77,53 @@ def register(journal_folders: Callable[[Celery], Iterable[Path]]) -> None:
 
 
 def ask(app: Celery, task_ids: list[str], timeout: float) -> ClusterView:
-    """One broadcast; a worker that does not answer within ``timeout`` is not in the view."""
+    """Pings, then asks the workers with pikku-celery; a worker that does not answer within
+    ``timeout`` is not in the view."""
     view = ClusterView()
     # A connection of its own, with a socket timeout: a pooled Redis connection used
     # from this thread could be left with a blocking read that never returns (seen
     # as a reaper pass hung for good), and no read may outlast the broadcast by much.
     bounded = {"socket_timeout": timeout + _READ_SLACK, "socket_connect_timeout": _CONNECT}
     with app.connection_for_write(transport_options=bounded) as connection:
+        pongs = app.control.ping(timeout=timeout, connection=connection)
+        alive = sorted({nodename for reply in pongs or () for nodename in reply})
+        # A worker of an app without pikku-celery: alive, and holding none of ours.
+        view.workers.update(dict.fromkeys(alive))
+        ours = _with_pikku(app, alive, timeout, connection)
+        if not ours:
+            return view
         replies = app.control.broadcast(
             HELD_COMMAND,
             arguments={"ids": task_ids},
             reply=True,
             timeout=timeout,
             connection=connection,
+            destination=ours,
+            limit=len(ours),
         )
+    answered: set[str] = set()
     for reply in replies or ():
         for nodename, answer in reply.items():
             if not isinstance(answer, dict) or "held" not in answer:
-                # A worker of an app without pikku-celery: alive, and holding none of ours.
-                view.workers[nodename] = None
                 continue
+            answered.add(nodename)
             view.held.update(answer.get("held") or ())
             view.journaled.update(answer.get("journaled") or ())
             since = answer.get("since")
             view.workers[nodename] = float(since) if isinstance(since, int | float) else None
+    # Asked again next time (a worker restarted under its name, without pikku-celery).
+    _pikku_workers.difference_update(set(ours) - answered)
     return view
+
+
+def _with_pikku(app: Celery, alive: list[str], timeout: float, connection: Any) -> list[str]:
+    """Those of ``alive`` with pikku-celery installed: asked once per worker name."""
+    unknown = [nodename for nodename in alive if nodename not in _pikku_workers]
+    if unknown:
+        inspect = app.control.inspect(
+            destination=unknown, timeout=timeout, connection=connection, limit=len(unknown)
+        )
+        for nodename, names in (inspect.registered() or {}).items():
+            if any(str(name).startswith(_OUR_TASKS) for name in names or ()):
+                _pikku_workers.add(nodename)
+    return [nodename for nodename in alive if nodename in _pikku_workers]

@@ -45,7 +45,9 @@ class JsonCodec:
             raise PayloadTooLarge(
                 f"The {what} is {size} bytes of JSON, over the limit of {self.max_bytes}; "
                 "store a reference to the data (a key, a URL) instead of the data itself, "
-                "or raise max_payload_bytes."
+                "or raise the limit: the pikku_max_payload_bytes setting of the Celery app "
+                "(or PIKKU_MAX_PAYLOAD_BYTES in the environment), or "
+                "WorkflowStore(url, max_payload_bytes=...) for a store of your own."
             )
         if not self._allow_nul and "\\u0000" in text and _JSON_NUL.search(text):
             raise SerializationError(

@@ -10,19 +10,19 @@ mirroring into a PostgreSQL container that the test reads back::
     pytest_plugins = ["pikku_celery.testing.docker"]
 
     @pytest.fixture(scope="session")
-    def pikku_app_module(pikku_postgres):
-        with pikku_postgres.app_environment():   # this process's mirror: the container too
+    def pikku_docker_app_module(pikku_docker_postgres):
+        with pikku_docker_postgres.app_environment():   # this process's mirror: the container too
             return importlib.import_module("shop.tasks")
 
     # test_checkout.py
-    def test_checkout(celery_setup, pikku_app, pikku_store):
-        run_id = pikku_app.checkout.start(order_id=1)
-        assert wait_for_run(pikku_store, run_id).status == "completed"
+    def test_checkout(celery_setup, pikku_docker_app, pikku_docker_store):
+        run_id = pikku_docker_app.checkout.start(order_id=1)
+        assert wait_for_run(pikku_docker_store, run_id).status == "completed"
 
 Images: ``PIKKU_TEST_WORKER_IMAGE`` (default ``pikku-celery:local``, as the compose file
 builds it) and ``PIKKU_TEST_POSTGRES_IMAGE`` (default ``postgres:16-bookworm``). The app
 module is copied into the worker as it is: it must import only what the image has
-(pikku-celery, Celery, the standard library), or add files with ``pikku_worker_files``.
+(pikku-celery, Celery, the standard library), or add files with ``pikku_docker_worker_files``.
 """
 
 from __future__ import annotations
@@ -226,19 +226,19 @@ def _source_files(module: ModuleType) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="session")
-def pikku_app_module() -> ModuleType:
-    """Your app module: override this fixture (session-scoped, depending on pikku_postgres)."""
+def pikku_docker_app_module() -> ModuleType:
+    """Your app module: override this fixture (session-scoped, on pikku_docker_postgres)."""
     raise pytest.UsageError(
-        "override the pikku_app_module fixture in your conftest.py to return your app "
-        "module, imported in `with pikku_postgres.app_environment():` "
+        "override the pikku_docker_app_module fixture in your conftest.py to return your app "
+        "module, imported in `with pikku_docker_postgres.app_environment():` "
         "(see pikku_celery.testing.docker)"
     )
 
 
 @pytest.fixture(scope="session")
-def pikku_postgres(docker_client: Any) -> Iterator[PikkuPostgres]:
+def pikku_docker_postgres(docker_client: Any) -> Iterator[PikkuPostgres]:
     """One PostgreSQL container for the session, migrated. Import your app module in
-    ``with pikku_postgres.app_environment():`` so this process's mirror writes there too."""
+    ``with pikku_docker_postgres.app_environment():`` so this process's mirror writes there too."""
     password = uuid.uuid4().hex
     raw = docker_client.containers.run(
         POSTGRES_IMAGE,
@@ -271,39 +271,39 @@ def pikku_postgres(docker_client: Any) -> Iterator[PikkuPostgres]:
 
 
 @pytest.fixture
-def pikku_postgres_on_network(
-    pikku_postgres: PikkuPostgres, docker_client: Any, default_pytest_celery_network: Any
+def pikku_docker_postgres_on_network(
+    pikku_docker_postgres: PikkuPostgres, docker_client: Any, default_pytest_celery_network: Any
 ) -> Iterator[PikkuPostgres]:
     """The PostgreSQL container joins this test's network, as ``pikku-postgres``."""
     network = docker_client.networks.get(default_pytest_celery_network.name)
-    network.connect(pikku_postgres.container, aliases=[POSTGRES_ALIAS])
-    yield pikku_postgres
-    network.disconnect(pikku_postgres.container, force=True)
+    network.connect(pikku_docker_postgres.container, aliases=[POSTGRES_ALIAS])
+    yield pikku_docker_postgres
+    network.disconnect(pikku_docker_postgres.container, force=True)
 
 
 @pytest.fixture(scope="session")
-def pikku_store(pikku_postgres: PikkuPostgres) -> Iterator[WorkflowStore]:
-    store = pikku_postgres.store()
+def pikku_docker_store(pikku_docker_postgres: PikkuPostgres) -> Iterator[WorkflowStore]:
+    store = pikku_docker_postgres.store()
     yield store
     store.close()
 
 
 @pytest.fixture
-def pikku_worker_files(pikku_app_module: ModuleType) -> dict[str, bytes]:
+def pikku_docker_worker_files(pikku_docker_app_module: ModuleType) -> dict[str, bytes]:
     """What the worker's ``/app`` holds: your app module; override to add more files."""
-    return _source_files(pikku_app_module)
+    return _source_files(pikku_docker_app_module)
 
 
 @pytest.fixture
-def pikku_worker_env(
-    default_worker_env: dict[str, str], pikku_postgres_on_network: PikkuPostgres
+def pikku_docker_worker_env(
+    default_worker_env: dict[str, str], pikku_docker_postgres_on_network: PikkuPostgres
 ) -> dict[str, str]:
-    return {**default_worker_env, "PIKKU_DATABASE_URL": pikku_postgres_on_network.worker_url}
+    return {**default_worker_env, "PIKKU_DATABASE_URL": pikku_docker_postgres_on_network.worker_url}
 
 
 @pytest.fixture
-def pikku_worker_command(pikku_app_module: ModuleType) -> list[str]:
-    return PikkuWorkerContainer.pikku_command(pikku_app_module.__name__)
+def pikku_docker_worker_command(pikku_docker_app_module: ModuleType) -> list[str]:
+    return PikkuWorkerContainer.pikku_command(pikku_docker_app_module.__name__)
 
 
 @pytest.fixture
@@ -317,24 +317,24 @@ def default_worker_container_session_cls() -> type[PikkuWorkerContainer]:
 
 
 @pytest.fixture
-def default_worker_initial_content(pikku_worker_files: dict[str, bytes]) -> dict[str, bytes]:
-    return pikku_worker_files
+def default_worker_initial_content(pikku_docker_worker_files: dict[str, bytes]) -> dict[str, bytes]:
+    return pikku_docker_worker_files
 
 
 # Each test's journal on a volume of its own, as a deployment keeps it (docker/Dockerfile).
-pikku_journal_volume = volume()
+pikku_docker_journal_volume = volume()
 
 default_worker_container = container(
     image=WORKER_IMAGE,
-    environment=fxtr("pikku_worker_env"),
+    environment=fxtr("pikku_docker_worker_env"),
     network="{default_pytest_celery_network.name}",
     volumes={
         "{default_worker_volume.name}": {"bind": "/app", "mode": "rw"},
-        "{pikku_journal_volume.name}": {"bind": JOURNAL_DIR, "mode": "rw"},
+        "{pikku_docker_journal_volume.name}": {"bind": JOURNAL_DIR, "mode": "rw"},
     },
     wrapper_class=PikkuWorkerContainer,
     timeout=DEFAULT_WORKER_CONTAINER_TIMEOUT,
-    command=fxtr("pikku_worker_command"),
+    command=fxtr("pikku_docker_worker_command"),
 )
 
 
@@ -346,19 +346,23 @@ def _pikku_of(module: ModuleType) -> PikkuCelery:
 
 
 @pytest.fixture
-def pikku_app(
-    celery_setup: CeleryTestSetup, pikku_app_module: ModuleType, pikku_postgres: PikkuPostgres
+def pikku_docker_app(
+    celery_setup: CeleryTestSetup,
+    pikku_docker_app_module: ModuleType,
+    pikku_docker_postgres: PikkuPostgres,
 ) -> ModuleType:
     """Your app module, publishing to this test's broker container from this process."""
-    app = _pikku_of(pikku_app_module).app
+    app = _pikku_of(pikku_docker_app_module).app
     app.conf.update(broker_url=celery_setup.broker.config()["host_url"])
     # Drop pooled connections to the previous test's broker (Celery does the same after a fork).
     app._after_fork()  # type: ignore[attr-defined]  # Celery's own, untyped in its stubs
-    return pikku_app_module
+    return pikku_docker_app_module
 
 
 @pytest.fixture
-def pikku_workers(celery_setup: CeleryTestSetup, docker_client: Any) -> Iterator[PikkuWorkers]:
+def pikku_docker_workers(
+    celery_setup: CeleryTestSetup, docker_client: Any
+) -> Iterator[PikkuWorkers]:
     workers = PikkuWorkers(docker_client, celery_setup.worker.container._container)
     yield workers
     workers.remove_all()

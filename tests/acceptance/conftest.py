@@ -207,24 +207,39 @@ def start_worker(
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, so a test can kill it whole
     )
-    deadline = time.monotonic() + 60
-    while wait_ready and "ready." not in log.read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            log_file.close()
-            raise AssertionError(f"the worker did not start:\n{log.read_text()[-4000:]}")
-        time.sleep(0.2)
+    try:
+        deadline = time.monotonic() + 60
+        while wait_ready and "ready." not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the worker did not start:\n{log.read_text()[-4000:]}")
+            time.sleep(0.2)
+    except BaseException:
+        # Ctrl-C (or SIGTERM, see tests/conftest.py) while it starts: no teardown follows
+        # a fixture that never yielded, so the worker goes here, its pool with it.
+        stop_group(proc, grace=0)
+        log_file.close()
+        raise
     try:
         yield Worker(broker, proc, log, journal, shop.pikku.store)
     finally:
+        stop_group(proc)
+        log_file.close()
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float = 20) -> None:
+    """A warm shutdown within ``grace`` seconds, else SIGKILL to the worker's whole process
+    group (it was started in a session of its own): no pool child outlives it."""
+    if grace > 0 and proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log_file.close()
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the group is gone already
+    proc.wait()
 
 
 worker_running = contextmanager(start_worker)

@@ -27,15 +27,15 @@ from pikku_celery.testing.docker import (  # noqa: F401  (fixtures, found by the
     default_worker_container_session_cls,
     default_worker_initial_content,
     engine_is_local,
-    pikku_app,
-    pikku_journal_volume,
-    pikku_postgres,
-    pikku_postgres_on_network,
-    pikku_store,
-    pikku_worker_command,
-    pikku_worker_env,
-    pikku_worker_files,
-    pikku_workers,
+    pikku_docker_app,
+    pikku_docker_journal_volume,
+    pikku_docker_postgres,
+    pikku_docker_postgres_on_network,
+    pikku_docker_store,
+    pikku_docker_worker_command,
+    pikku_docker_worker_env,
+    pikku_docker_worker_files,
+    pikku_docker_workers,
 )
 from tests.conftest import service_missing
 
@@ -105,15 +105,15 @@ def celery_backend_cluster() -> None:
 
 
 @pytest.fixture(scope="session")
-def pikku_app_module(
-    pikku_postgres: PikkuPostgres,  # noqa: F811  (the fixture imported above, as a parameter)
+def pikku_docker_app_module(
+    pikku_docker_postgres: PikkuPostgres,  # noqa: F811  (the fixture imported above, as a parameter)
     tmp_path_factory: pytest.TempPathFactory,
 ) -> ModuleType:
     # This process publishes too, and journals what it publishes: in a folder of the session's.
     # Both variables only while the module is imported: the suites after this one run without.
     os.environ["DOCKERAPP_JOURNAL_DIR"] = str(tmp_path_factory.mktemp("journal"))
     try:
-        with pikku_postgres.app_environment():
+        with pikku_docker_postgres.app_environment():
             module = importlib.import_module("tests.docker.dockerapp")
             module.setup_tables()
     finally:

@@ -66,9 +66,11 @@ def first_worker(celery_setup: CeleryTestSetup) -> PikkuWorkerContainer:
 
 
 def test_a_chain_with_a_retried_and_a_failing_step_is_read_back_with_the_cli(
-    celery_setup: CeleryTestSetup, pikku_app: ModuleType, pikku_postgres: PikkuPostgres
+    celery_setup: CeleryTestSetup,
+    pikku_docker_app: ModuleType,
+    pikku_docker_postgres: PikkuPostgres,
 ) -> None:
-    app = pikku_app
+    app = pikku_docker_app
     order = uuid.uuid4().int % 10**9  # the session's database is shared by the tests
     run_id = app.pikku.run(
         chain(app.reserve.s(order), app.charge.s(2), app.refund.s()), name="refund-flow"
@@ -88,7 +90,7 @@ def test_a_chain_with_a_retried_and_a_failing_step_is_read_back_with_the_cli(
         ],
     )
     shown = subprocess.run(
-        [CLI, "runs", "show", run_id, "--json", "--database-url", pikku_postgres.url],
+        [CLI, "runs", "show", run_id, "--json", "--database-url", pikku_docker_postgres.url],
         capture_output=True,
         text=True,
         check=True,
@@ -105,42 +107,44 @@ def test_a_chain_with_a_retried_and_a_failing_step_is_read_back_with_the_cli(
     worker_host = f"pikku_worker@{first_worker(celery_setup).attrs['Config']['Hostname']}"
     assert {a["worker"] for s in document["steps"] for a in s["attempts"]} == {worker_host}
     listed = subprocess.run(
-        [CLI, "runs", "list", "--json", "--database-url", pikku_postgres.url],
+        [CLI, "runs", "list", "--json", "--database-url", pikku_docker_postgres.url],
         capture_output=True,
         text=True,
         check=True,
     )
     [listed_run] = [r for r in json.loads(listed.stdout)["runs"] if r["run_id"] == run_id]
     assert listed_run["status"] == "failed"
-    assert effects(pikku_postgres, f"charge-{order}") == {f"charge-{order}": 3}
+    assert effects(pikku_docker_postgres, f"charge-{order}") == {f"charge-{order}": 3}
 
 
 def test_a_workflow_goes_on_in_a_new_container_after_its_worker_is_killed_mid_step(
     celery_setup: CeleryTestSetup,
-    pikku_app: ModuleType,
-    pikku_postgres: PikkuPostgres,
-    pikku_workers: PikkuWorkers,
+    pikku_docker_app: ModuleType,
+    pikku_docker_postgres: PikkuPostgres,
+    pikku_docker_workers: PikkuWorkers,
 ) -> None:
     tag = f"kill-{uuid.uuid4().hex[:8]}"
-    run_id = pikku_app.durable.start(tag)
-    wait_until(lambda: f"{tag}-middle-start" in effects(pikku_postgres, tag), 30, "the middle step")
+    run_id = pikku_docker_app.durable.start(tag)
+    wait_until(
+        lambda: f"{tag}-middle-start" in effects(pikku_docker_postgres, tag), 30, "the middle step"
+    )
     first_worker(celery_setup).kill()
-    pikku_workers.start()
-    open_gate(pikku_postgres, f"{tag}-middle")
-    run = wait_for_run(pikku_app.pikku.store, run_id, timeout=45)
+    pikku_docker_workers.start()
+    open_gate(pikku_docker_postgres, f"{tag}-middle")
+    run = wait_for_run(pikku_docker_app.pikku.store, run_id, timeout=45)
     assert run.error is None
     assert (run.status, run.output) == (
         "completed",
         [len(f"{tag}-first"), len(f"{tag}-middle"), len(f"{tag}-last")],
     )
     # The steps that had finished ran once; the one cut off ran again, from the start.
-    assert effects(pikku_postgres, tag) == {
+    assert effects(pikku_docker_postgres, tag) == {
         f"{tag}-first": 1,
         f"{tag}-middle-start": 2,
         f"{tag}-middle": 1,
         f"{tag}-last": 1,
     }
-    states = {s.step_name: s.status for s in pikku_app.pikku.store.list_step_states(run_id)}
+    states = {s.step_name: s.status for s in pikku_docker_app.pikku.store.list_step_states(run_id)}
     assert states == {"first": "succeeded", "middle": "succeeded", "last": "succeeded"}
 
 
@@ -149,28 +153,32 @@ def ready_prompts(container: PikkuWorkerContainer) -> int:
 
 
 def test_a_workflow_goes_on_when_its_broker_container_restarts_mid_step(
-    celery_setup: CeleryTestSetup, pikku_app: ModuleType, pikku_postgres: PikkuPostgres
+    celery_setup: CeleryTestSetup,
+    pikku_docker_app: ModuleType,
+    pikku_docker_postgres: PikkuPostgres,
 ) -> None:
     tag = f"restart-{uuid.uuid4().hex[:8]}"
-    run_id = pikku_app.durable.start(tag, acked_early=True)
-    wait_until(lambda: f"{tag}-middle-start" in effects(pikku_postgres, tag), 30, "the middle step")
+    run_id = pikku_docker_app.durable.start(tag, acked_early=True)
+    wait_until(
+        lambda: f"{tag}-middle-start" in effects(pikku_docker_postgres, tag), 30, "the middle step"
+    )
     broker = celery_setup.broker.container
     started = ready_prompts(broker)
     # A short grace: the broker is killed if it has not stopped by then, as a crashed one is.
     broker._container.restart(timeout=3)
     wait_until(lambda: ready_prompts(broker) > started, 60, "the broker back")
-    open_gate(pikku_postgres, f"{tag}-middle")
-    run = wait_for_run(pikku_app.pikku.store, run_id, timeout=60)
+    open_gate(pikku_docker_postgres, f"{tag}-middle")
+    run = wait_for_run(pikku_docker_app.pikku.store, run_id, timeout=60)
     assert run.error is None
     assert run.status == "completed"
-    assert effects(pikku_postgres, tag) == {
+    assert effects(pikku_docker_postgres, tag) == {
         f"{tag}-first": 1,
         f"{tag}-middle-start": 1,
         f"{tag}-middle": 1,
         f"{tag}-last": 1,
     }
     converged(
-        pikku_app.pikku.store,
+        pikku_docker_app.pikku.store,
         run_id,
         [("first", 1, "succeeded"), ("middle", 1, "succeeded"), ("last", 1, "succeeded")],
     )
@@ -192,9 +200,9 @@ def journal_bytes(worker: PikkuWorkerContainer) -> int:
 
 def test_a_paused_database_loses_nothing_and_the_journal_volume_outlives_its_container(
     celery_setup: CeleryTestSetup,
-    pikku_app: ModuleType,
-    pikku_postgres: PikkuPostgres,
-    pikku_workers: PikkuWorkers,
+    pikku_docker_app: ModuleType,
+    pikku_docker_postgres: PikkuPostgres,
+    pikku_docker_workers: PikkuWorkers,
     docker_client: Any,
 ) -> None:
     """The database is away for 10 s while a worker runs every task of a run; that worker's
@@ -203,13 +211,13 @@ def test_a_paused_database_loses_nothing_and_the_journal_volume_outlives_its_con
     first_worker(celery_setup).kill()  # the test's own workers take every task
     volume = docker_client.volumes.create(f"pikku-journal-{uuid.uuid4()}")
     try:
-        worker = pikku_workers.start(journal_volume=volume.name)
+        worker = pikku_docker_workers.start(journal_volume=volume.name)
         tasks = 12
         # Published first: pikku.run() writes the run itself to SQL before it sends a task.
-        run_id = pikku_app.pikku.run(
-            group(pikku_app.slow_add.s(n, n) for n in range(tasks)), name="paused-database"
+        run_id = pikku_docker_app.pikku.run(
+            group(pikku_docker_app.slow_add.s(n, n) for n in range(tasks)), name="paused-database"
         )
-        pikku_postgres.container.pause()
+        pikku_docker_postgres.container.pause()
         paused = time.monotonic()
         try:
             at_pause = journal_bytes(worker)
@@ -217,39 +225,39 @@ def test_a_paused_database_loses_nothing_and_the_journal_volume_outlives_its_con
                 lambda: str(worker.logs()).count("succeeded in") == tasks, 30, "every task ran"
             )
             assert journal_bytes(worker) > at_pause  # the journal grows while the database is away
-            pikku_workers.remove(worker)  # with everything it journaled
+            pikku_docker_workers.remove(worker)  # with everything it journaled
             time.sleep(max(0.0, 10 - (time.monotonic() - paused)))
         finally:
-            pikku_postgres.container.unpause()
-        pikku_workers.start(journal_volume=volume.name)
-        run = wait_for_run(pikku_app.pikku.store, run_id, timeout=45)
+            pikku_docker_postgres.container.unpause()
+        pikku_docker_workers.start(journal_volume=volume.name)
+        run = wait_for_run(pikku_docker_app.pikku.store, run_id, timeout=45)
         assert run.status == "completed"
-        attempts = pikku_app.pikku.store.get_run_history(run_id)
+        attempts = pikku_docker_app.pikku.store.get_run_history(run_id)
         assert len(attempts) == tasks
         assert {(a.attempt, a.status, a.delivery_count) for a in attempts} == {(1, "succeeded", 1)}
         assert sorted(a.result for a in attempts) == [2 * n for n in range(tasks)]
     finally:
-        pikku_workers.remove_all()
+        pikku_docker_workers.remove_all()
         volume.remove(force=True)
 
 
 def test_two_worker_containers_on_one_store_make_no_duplicate_attempts(
     celery_setup: CeleryTestSetup,
-    pikku_app: ModuleType,
-    pikku_postgres: PikkuPostgres,
-    pikku_workers: PikkuWorkers,
+    pikku_docker_app: ModuleType,
+    pikku_docker_postgres: PikkuPostgres,
+    pikku_docker_workers: PikkuWorkers,
 ) -> None:
-    second = pikku_workers.start()
+    second = pikku_docker_workers.start()
     tasks = 16
-    run_id = pikku_app.pikku.run(
-        group(pikku_app.slow_add.s(n, 1) for n in range(tasks)), name="two-machines"
+    run_id = pikku_docker_app.pikku.run(
+        group(pikku_docker_app.slow_add.s(n, 1) for n in range(tasks)), name="two-machines"
     )
-    run = wait_for_run(pikku_app.pikku.store, run_id, timeout=45)
+    run = wait_for_run(pikku_docker_app.pikku.store, run_id, timeout=45)
     assert run.status == "completed"
-    attempts = pikku_app.pikku.store.get_run_history(run_id)
+    attempts = pikku_docker_app.pikku.store.get_run_history(run_id)
     assert len(attempts) == tasks
     assert {(a.attempt, a.status, a.delivery_count) for a in attempts} == {(1, "succeeded", 1)}
-    steps = pikku_app.pikku.store.list_step_states(run_id)
+    steps = pikku_docker_app.pikku.store.list_step_states(run_id)
     # Named in the order they were published, whichever worker ran which.
     by_n = {s.data["args"][0]: s.step_name for s in steps}
     base = by_n[0]
