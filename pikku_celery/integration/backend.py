@@ -220,7 +220,8 @@ class PikkuBackend(BaseBackend):
         encoded = ensure_bytes(self.encode(body))
         pikku = installed_on(self.app)
         if pikku is None:
-            self.store.results.apply_chord(group_id, parts, encoded)
+            # Its parts may all be done already (the header was sent before, with this id).
+            self.fire_chords(self.store.results.apply_chord(group_id, parts, encoded))
         else:
             # Journaled like a result: publishing a chord needs no database round trip.
             # Its header's results may reach SQL first (other processes' journals): the

@@ -181,3 +181,21 @@ def test_a_task_added_to_the_chord_by_a_header_task_is_in_the_bodys_results(
     sent: Any = chord([app.grow.s(3), app.add.s(1, 1)], app.total.s()).apply_async()
     assert sent.get(timeout=60) == 3 + 2 + 6  # the added add(3, 3) counted, last
     assert worker.log.read_text().count(f"results.total[{sent.id}] succeeded") == 1
+
+
+def test_every_chord_fires_with_the_reaper_off_from_a_process_that_waited_before(
+    pg_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # The publisher's flusher writes each chord while the worker's writes its header's
+    # results, in transactions at the same moment: no pass of the reaper finishes a chord
+    # here, so each fires from the batches that wrote it and its parts, or never.
+    tmp = tmp_path_factory.mktemp("chords-no-reaper")
+    with results_app(pg_url) as app:
+        with worker_running(
+            app, "redis", tmp, concurrency=2, queues=QUEUE, extra_env={"PIKKU_REAPER_INTERVAL": "0"}
+        ):
+            assert app.plain_add.delay(1, 1).get(timeout=60) == 2
+            for n in range(30):
+                header = [app.plain_add.s(n, k) for k in range(3)]
+                sent: Any = chord(header, app.total.s()).apply_async()
+                assert sent.get(timeout=30) == 3 * n + 3, f"chord {n} of 30"

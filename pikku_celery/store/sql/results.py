@@ -38,6 +38,7 @@ __all__ = [
     "notify",
     "part_ids",
     "save_group",
+    "settled_chords",
     "unsent_chords",
     "write_result",
 ]
@@ -242,22 +243,43 @@ part_ids: Final = (
     sa.select(parts.c.task_id).where(parts.c.group_id == P("chord_id")).order_by(parts.c.position)
 )
 
-#: Chords not fired whose parts all have results, written a while ago: a batch that
-#: wrote a chord's last result while the chord itself landed in another batch, at once,
-#: counted before either committed.
+# The chord's parts are all done (a chord not fired, counted in the statement's snapshot).
+_all_parts_done: Final = (
+    chords.c.size
+    <= sa.select(sa.func.count())
+    .select_from(parts.join(results, results.c.task_id == parts.c.task_id))
+    .where(parts.c.group_id == chords.c.group_id, results.c.status.in_(READY_STATES))
+    .scalar_subquery()
+)
+
+#: Chords not fired whose parts all have results, written a while ago: what no batch
+#: fired (a safety net: ``settled_chords`` fires them as their batches commit).
 due_chords: Final = (
+    sa.select(chords.c.group_id)
+    .where(chords.c.fired_at.is_(None), chords.c.created_at < P("before"), _all_parts_done)
+    .order_by(chords.c.group_id)
+    .limit(P("limit"))
+)
+
+#: Of the chords named (``group_ids``) or holding one of the parts named (``task_ids``),
+#: those not fired whose parts all have results, as a fresh snapshot sees them after a
+#: COMMIT: a chord and its last result written by two batches at once, each counting
+#: before the other committed, are both in it once the later of the two committed.
+settled_chords: Final = (
     sa.select(chords.c.group_id)
     .where(
         chords.c.fired_at.is_(None),
-        chords.c.created_at < P("before"),
-        chords.c.size
-        <= sa.select(sa.func.count())
-        .select_from(parts.join(results, results.c.task_id == parts.c.task_id))
-        .where(parts.c.group_id == chords.c.group_id, results.c.status.in_(READY_STATES))
-        .scalar_subquery(),
+        sa.or_(
+            chords.c.group_id.in_(P("group_ids", expanding=True)),
+            chords.c.group_id.in_(
+                sa.select(parts.c.group_id).where(
+                    parts.c.task_id.in_(P("task_ids", expanding=True))
+                )
+            ),
+        ),
+        _all_parts_done,
     )
     .order_by(chords.c.group_id)
-    .limit(P("limit"))
 )
 
 #: Chords fired a while ago whose body the firing process never said it sent.
