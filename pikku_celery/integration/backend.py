@@ -32,7 +32,12 @@ from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
 from pikku_celery.errors import ConfigurationError, PayloadTooLarge, StepNotFound
 from pikku_celery.integration import replace
-from pikku_celery.integration.chords import chord_parts, fire_chords
+from pikku_celery.integration.chords import (
+    SHAPE_OPTION,
+    chord_parts,
+    fire_chords,
+    header_shape,
+)
 from pikku_celery.integration.installed import installed_on
 from pikku_celery.store import (
     DEFAULT_DATABASE_URL,
@@ -217,6 +222,11 @@ class PikkuBackend(BaseBackend):
         self.ensure_chords_allowed()
         header = self.app.GroupResult(*header_result_args)
         group_id, parts = str(header.id), chord_parts(header)
+        shape = header_shape(header)
+        if shape is not None:
+            # A copy: the header tasks carry the body as it is.
+            body = body.clone()
+            body.options[SHAPE_OPTION] = shape
         encoded = ensure_bytes(self.encode(body))
         pikku = installed_on(self.app)
         if pikku is None:

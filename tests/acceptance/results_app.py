@@ -121,3 +121,14 @@ def failed_part(task_id: str) -> str:
 @pikku.step(name="results.sum_step", shared=False)
 def sum_step(values: list[int]) -> int:
     return sum(values)
+
+
+@app.task(name="results.identity", shared=False)
+def identity(value: Any) -> Any:
+    return value
+
+
+@app.task(bind=True, name="results.ids", shared=False)
+def ids(self: Any, previous: Any = None) -> dict[str, Any]:
+    """Who sent this task (``root_id``, ``parent_id``), and what it was given."""
+    return {"root": self.request.root_id, "parent": self.request.parent_id, "given": previous}

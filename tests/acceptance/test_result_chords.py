@@ -73,6 +73,18 @@ def test_nested_groups_and_chains_in_a_header_count_by_their_last_tasks(
     assert flat.get(timeout=60) == 6
 
 
+def test_a_group_at_the_end_of_a_chain_in_a_header_gives_the_body_a_list(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # As Celery's Redis backend joins such a header: the chain's group is one value.
+    app, _ = results
+    tail = chain(app.identity.s(42), group(app.identity.s(), app.identity.s()))
+    assert chord(group(tail), app.identity.s()).delay().get(timeout=60) == [[42, 42]]
+    sevens = chain(app.identity.s(7), group(app.identity.s(), app.identity.s()))
+    mixed = chord([app.add.s(1, 1), sevens, app.add.s(2, 2)], app.identity.s())
+    assert mixed.delay().get(timeout=60) == [2, [7, 7], 4]
+
+
 def test_a_failed_part_fails_the_body_with_chord_error_and_runs_its_errback(
     results: tuple[ModuleType, Worker],
 ) -> None:
