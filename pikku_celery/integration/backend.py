@@ -222,11 +222,19 @@ class PikkuBackend(BaseBackend):
         self.ensure_chords_allowed()
         header = self.app.GroupResult(*header_result_args)
         group_id, parts = str(header.id), chord_parts(header)
+        kept: dict[str, Any] = {}
         shape = header_shape(header)
         if shape is not None:
+            kept[SHAPE_OPTION] = shape
+        parent = self.app.current_worker_task
+        if not body.options.get("root_id") and parent is not None:
+            # The header tasks are sent under this task's root, and the body, sent from
+            # one of them, would be: it is sent from no task here, so it is told.
+            kept["root_id"] = parent.request.root_id or parent.request.id
+        if kept:
             # A copy: the header tasks carry the body as it is.
             body = body.clone()
-            body.options[SHAPE_OPTION] = shape
+            body.options.update(kept)
         encoded = ensure_bytes(self.encode(body))
         pikku = installed_on(self.app)
         if pikku is None:

@@ -129,11 +129,15 @@ def _fire(backend: Any, chord: FiredChord) -> None:
             except ChordError as error:
                 backend.chord_error_from_stack(body, error)
             return
-    # The body joins the run of the last header part, after that part, as it does when
-    # Celery's own backends send it from inside that task.
+    # Sent as Celery's own backends send it, from inside the header task that completed
+    # the chord (here the last in header order): that task is its parent, that task's root
+    # is its root (a header task sent from outside any task is a root itself), and it
+    # joins that task's run, after that task.
+    last_part = chord.parts[-1]
+    root = body.options.get("root_id") or last_part
     context = None
     with contextlib.suppress(StepNotFound):
-        last = backend.store.get_step(chord.parts[-1])
+        last = backend.store.get_step(last_part)
         context = RunContext(last.run_id, last.step_id)
     token = current_run.set(context)
     try:
@@ -141,7 +145,7 @@ def _fire(backend: Any, chord: FiredChord) -> None:
         if shape is not None:
             by_id = dict(zip(chord.parts, values, strict=True))
             values = _nested(result_from_tuple(shape, app), by_id)
-        body.delay(values)
+        body.apply_async((values,), parent_id=last_part, root_id=root)
     finally:
         current_run.reset(token)
 

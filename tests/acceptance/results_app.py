@@ -132,3 +132,12 @@ def identity(value: Any) -> Any:
 def ids(self: Any, previous: Any = None) -> dict[str, Any]:
     """Who sent this task (``root_id``, ``parent_id``), and what it was given."""
     return {"root": self.request.root_id, "parent": self.request.parent_id, "given": previous}
+
+
+@app.task(name="results.chord_of_ids", shared=False)
+def chord_of_ids() -> str:
+    """A task that sends a chord: the id of the chord's body."""
+    from celery import chord
+
+    return str(chord([ids.si(), ids.si()], ids.s()).apply_async().id)
+

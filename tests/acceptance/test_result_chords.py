@@ -85,6 +85,30 @@ def test_a_group_at_the_end_of_a_chain_in_a_header_gives_the_body_a_list(
     assert mixed.delay().get(timeout=60) == [2, [7, 7], 4]
 
 
+def test_a_body_is_sent_by_a_header_task_under_its_root(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # As Celery's own backends send it: from the header task that completed the chord.
+    app, _ = results
+    first = app.ids.si()
+    root = first.freeze().id
+    sent: Any = chain(first, app.ids.si(), chord([app.ids.si(), app.ids.si()], app.ids.s()))()
+    body = sent.get(timeout=60)
+    header = [r.id for r in sent.parent.results]
+    assert body["root"] == root
+    assert body["parent"] in header
+    assert [part["root"] for part in body["given"]] == [root, root]
+    # A chord of its own: the header tasks are roots, and the body follows one of them.
+    lone: Any = chord([app.ids.si(), app.ids.si()], app.ids.s()).apply_async()
+    body = lone.get(timeout=60)
+    assert body["parent"] in [r.id for r in lone.parent.results]
+    assert body["root"] == body["parent"]
+    # Sent by a task: that task's root is the chord's.
+    outer: Any = app.chord_of_ids.delay()
+    body = app.app.AsyncResult(outer.get(timeout=60)).get(timeout=60)
+    assert body["root"] == outer.id
+
+
 def test_a_failed_part_fails_the_body_with_chord_error_and_runs_its_errback(
     results: tuple[ModuleType, Worker],
 ) -> None:
@@ -211,3 +235,4 @@ def test_every_chord_fires_with_the_reaper_off_from_a_process_that_waited_before
                 header = [app.plain_add.s(n, k) for k in range(3)]
                 sent: Any = chord(header, app.total.s()).apply_async()
                 assert sent.get(timeout=30) == 3 * n + 3, f"chord {n} of 30"
+
