@@ -236,3 +236,17 @@ def test_every_chord_fires_with_the_reaper_off_from_a_process_that_waited_before
                 sent: Any = chord(header, app.total.s()).apply_async()
                 assert sent.get(timeout=30) == 3 * n + 3, f"chord {n} of 30"
 
+
+def test_a_frozen_chord_applied_again_sends_its_body_again(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # As with Celery's Redis backend: the same group id, but each apply is a run of its own.
+    app, worker = results
+    frozen = chord(group(app.plain_add.s(1, 2), app.plain_add.s(3, 4)), app.total.s())
+    body_id = frozen.freeze().id
+    assert frozen.apply_async().get(timeout=60) == 10
+    ran = f"results.total[{body_id}] succeeded"
+    wait_until(lambda: worker.log.read_text().count(ran) == 1, what="the first body")
+    assert frozen.apply_async().get(timeout=60) == 10
+    wait_until(lambda: worker.log.read_text().count(ran) == 2, what="the body sent again")
+

@@ -83,9 +83,10 @@ def test_a_journaled_chord_that_lands_after_its_parts_fires_as_it_lands(
     # may all be in SQL before the chord is.
     group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(2)]
     assert write(store, success(parts[1]), success(parts[0])) == []
-    [fired] = store.batches.apply_batch(journaled(group_id, parts)).fired
+    applied = journaled(group_id, parts)
+    [fired] = store.batches.apply_batch(applied).fired
     assert fired == FiredChord(group_id, b"body", tuple(parts))
-    assert list(store.batches.apply_batch(journaled(group_id, parts)).fired) == []  # again
+    assert list(store.batches.apply_batch(applied).fired) == []  # replayed: fired once
 
     other, halves = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(2)]
     assert list(store.batches.apply_batch(journaled(other, halves)).fired) == []
@@ -187,3 +188,17 @@ def test_a_chord_and_its_last_result_committed_at_once_fire_the_chord_once(
                 thread.join(30)
         assert [chord.group_id for chord in fired] == [group_id]
         assert fired[0].parts == tuple(parts)
+
+
+def test_a_fired_chord_applied_again_later_fires_again_and_once(store: WorkflowStore) -> None:
+    # A frozen chord applied twice: the same group id and parts, a new run each time.
+    group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4())]
+    first = journaled(group_id, parts, now() - dt.timedelta(seconds=1))
+    assert list(store.batches.apply_batch(first).fired) == []
+    assert [c.group_id for c in write(store, success(parts[0]))] == [group_id]
+    assert list(store.batches.apply_batch(first).fired) == []  # the first apply, replayed
+    again = journaled(group_id, parts)
+    [fired] = store.batches.apply_batch(again).fired
+    assert fired == FiredChord(group_id, b"body", tuple(parts))
+    assert list(store.batches.apply_batch(again).fired) == []
+    assert store.results.unsent_chords(now() + dt.timedelta(seconds=1))[0].group_id == group_id

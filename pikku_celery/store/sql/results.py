@@ -157,16 +157,28 @@ notify: Final = sa.select(sa.func.pg_notify(P("channel"), P("payload")))
 
 @cache
 def insert_chord(dialect: str) -> Insert:
-    """A chord once: applying it again (a publisher's retry) changes nothing."""
-    statement: Insert = (
-        _insert(dialect)(chords)
-        .values(
-            group_id=P("group_id"),
-            size=P("size"),
-            body=P("body", type_=sa.LargeBinary),
-            created_at=P("now"),
-        )
-        .on_conflict_do_nothing(index_elements=["group_id"])
+    """A chord once per apply: the same apply written again (a journal replayed) changes
+    nothing; a later apply of a chord that fired (a frozen chord applied again, the same
+    group id) is a new run of it, which fires again, as with Celery's Redis backend."""
+    insert = _insert(dialect)(chords).values(
+        group_id=P("group_id"),
+        size=P("size"),
+        body=P("body", type_=sa.LargeBinary),
+        created_at=P("now"),
+    )
+    excluded = insert.excluded
+    statement: Insert = insert.on_conflict_do_update(
+        index_elements=["group_id"],
+        set_={
+            "size": excluded.size,
+            "body": excluded.body,
+            "created_at": excluded.created_at,
+            "fired_at": None,
+            "sent_at": None,
+        },
+        where=sa.and_(
+            chords.c.fired_at.is_not(None), chords.c.created_at < excluded.created_at
+        ),
     )
     return statement
 
