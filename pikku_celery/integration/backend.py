@@ -17,6 +17,7 @@ Registered as the ``pikku`` entry point of ``celery.result_backends``.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ from celery import states
 from celery.backends.base import BaseBackend
 from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import result_from_tuple
+from celery.utils.functional import _regen
 from kombu.exceptions import EncodeError
 from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
@@ -38,6 +40,7 @@ from pikku_celery.integration.chords import (
     fire_chords,
     header_shape,
 )
+from pikku_celery.integration.generator_chords import LazyChords
 from pikku_celery.integration.installed import installed_on
 from pikku_celery.store import (
     DEFAULT_DATABASE_URL,
@@ -122,6 +125,7 @@ class PikkuBackend(BaseBackend):
         self._own_pid = 0
         self._checked: WorkflowStore | None = None
         self._lock = threading.Lock()
+        self._lazy_chords = LazyChords()
         pikku = installed_on(app)
         if pikku is not None:
             self._check_same(pikku.mirror.store)
@@ -220,10 +224,24 @@ class PikkuBackend(BaseBackend):
         """Keep the chord in SQL before its header is published; the batch that writes its
         last part's result fires it (``integration/chords.py``)."""
         self.ensure_chords_allowed()
+        group_id, results = str(header_result_args[0]), header_result_args[1]
+        if isinstance(results, _regen):
+            # Read from a generator: kept as its tasks are sent (``generator_chords``).
+            encoded = self._kept_body(body, None)
+            self._lazy_chords.applied(group_id, functools.partial(self._keep, group_id, encoded=encoded))
+            return
         header = self.app.GroupResult(*header_result_args)
-        group_id, parts = str(header.id), chord_parts(header)
+        self._keep(group_id, chord_parts(header), self._kept_body(body, header_shape(header)))
+
+    def set_chord_size(self, group_id: str, chord_size: int) -> None:
+        """Celery's count of a chord's parts, told before it sends the last: a chord whose
+        header is a generator is kept once that one is published."""
+        self._lazy_chords.sized(str(group_id), int(chord_size))
+
+    def _kept_body(self, body: Any, shape: Any | None) -> bytes:
+        """The body as the chord keeps it, with what its sending needs and the header
+        tasks do not carry."""
         kept: dict[str, Any] = {}
-        shape = header_shape(header)
         if shape is not None:
             kept[SHAPE_OPTION] = shape
         parent = self.app.current_worker_task
@@ -235,7 +253,9 @@ class PikkuBackend(BaseBackend):
             # A copy: the header tasks carry the body as it is.
             body = body.clone()
             body.options.update(kept)
-        encoded = ensure_bytes(self.encode(body))
+        return ensure_bytes(self.encode(body))
+
+    def _keep(self, group_id: str, parts: Sequence[str], encoded: bytes) -> None:
         pikku = installed_on(self.app)
         if pikku is None:
             # Its parts may all be done already (the header was sent before, with this id).

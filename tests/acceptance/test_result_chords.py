@@ -250,3 +250,25 @@ def test_a_frozen_chord_applied_again_sends_its_body_again(
     assert frozen.apply_async().get(timeout=60) == 10
     wait_until(lambda: worker.log.read_text().count(ran) == 2, what="the body sent again")
 
+
+
+def test_a_header_read_from_a_generator_is_sent_as_it_is_read(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # Celery reads one task ahead of the one it sends: the generator waits, before its
+    # third task, for the first to have run, which it cannot if the chord read it whole.
+    app, _ = results
+    first = app.plain_add.s(0, 0)
+    first.freeze()
+
+    def header() -> Iterator[Any]:
+        yield first
+        yield chain(app.plain_add.s(1, 1), app.plain_add.s(10))
+        wait_until(
+            lambda: app.app.AsyncResult(first.id).ready(), timeout=20, what="the first part"
+        )
+        yield app.plain_add.s(2, 2)
+        yield app.plain_add.s(3, 3)
+
+    sent: Any = chord(header(), app.total.s()).apply_async()
+    assert sent.get(timeout=60) == 0 + 12 + 4 + 6
