@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from celery import states
-from celery.canvas import maybe_signature
+from celery.canvas import group, maybe_signature
 from celery.exceptions import ChordError
 from celery.result import AsyncResult, GroupResult, ResultBase, result_from_tuple
 
@@ -124,6 +124,11 @@ def _fire(backend: Any, chord: FiredChord) -> None:
             culprit = meta["result"]
             cause = culprit if isinstance(culprit, BaseException) else None
             # Celery fails the body "from the current stack": it needs one being handled.
+            if isinstance(culprit, ChordError):
+                # The part is the body of a chord in this one's header, failed by its own
+                # header: its errbacks, which Celery gives it from this chord's, ran then.
+                # Celery's Redis backend never counts such a part, so they never run twice.
+                body = _without_errbacks(body, app)
             try:
                 raise ChordError(f"Dependency {task_id} raised {culprit!r}") from cause
             except ChordError as error:
@@ -155,3 +160,12 @@ def _nested(header: ResultBase, values: dict[str, Any]) -> Any:
     if isinstance(header, GroupResult):
         return [_nested(child, values) for child in header.results or ()]
     return values[str(header.id)]
+
+
+def _without_errbacks(body: Any, app: Any) -> Any:
+    """A copy of ``body`` (and of the tasks of a group body) with no errbacks."""
+    quiet = body.clone()
+    quiet.options.pop("link_error", None)
+    if isinstance(quiet, group):
+        quiet.tasks = [_without_errbacks(maybe_signature(t, app=app), app) for t in quiet.tasks]
+    return quiet

@@ -141,3 +141,12 @@ def chord_of_ids() -> str:
 
     return str(chord([ids.si(), ids.si()], ids.s()).apply_async().id)
 
+
+@app.task(name="results.fail", shared=False)
+def fail() -> None:
+    raise ValueError("a header task fails")
+
+
+@app.task(name="results.echo", shared=False)
+def echo(message: str) -> str:
+    return message

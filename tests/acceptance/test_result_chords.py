@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import warnings
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from celery import chain, chord, group
-from celery.exceptions import ChordError
+from celery.exceptions import ChordError, CPendingDeprecationWarning
 
 from pikku_celery import WorkflowStore
 from tests.acceptance.conftest import Worker, wait_until, worker_running
@@ -272,3 +273,29 @@ def test_a_header_read_from_a_generator_is_sent_as_it_is_read(
 
     sent: Any = chord(header(), app.total.s()).apply_async()
     assert sent.get(timeout=60) == 0 + 12 + 4 + 6
+
+
+def test_an_errback_runs_once_for_a_chord_in_a_chord_whose_header_failed(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # The inner chord's body inherits the outer's errback and runs it as the inner chord
+    # fails; as with Celery's Redis backend, the outer chord runs it no second time.
+    app, worker = results
+    errback = app.echo.si("errback called")
+    inner = chord([app.identity.si("t1"), app.fail.si()], app.identity.si("t2 (body)"))
+    outer = chord(group([app.identity.si("t3"), inner]), app.echo.si("chord body called"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CPendingDeprecationWarning)
+        outer.link_error(errback)
+    sent: Any = outer.delay()
+    failed = app.app.AsyncResult(sent.id).get(timeout=60, propagate=False)
+    assert isinstance(failed, ChordError)  # the outer body never ran
+    # Anything the outer chord's failure published is in the queue before this message.
+    after = app.echo.si("after")
+    after_id = after.freeze().id
+    assert after.apply_async().get(timeout=60) == "after"
+    log = worker.log.read_text()
+    assert "'chord body called'" not in log
+    errbacks = [line for line in log.splitlines() if "results.echo[" in line]
+    received = [line for line in errbacks if line.endswith("received")]
+    assert len([line for line in received if after_id not in line]) == 1
