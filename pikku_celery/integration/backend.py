@@ -228,7 +228,9 @@ class PikkuBackend(BaseBackend):
         if isinstance(results, _regen):
             # Read from a generator: kept as its tasks are sent (``generator_chords``).
             encoded = self._kept_body(body, None)
-            self._lazy_chords.applied(group_id, functools.partial(self._keep, group_id, encoded=encoded))
+            self._lazy_chords.applied(
+                group_id, functools.partial(self._keep, group_id, encoded=encoded)
+            )
             return
         header = self.app.GroupResult(*header_result_args)
         self._keep(group_id, chord_parts(header), self._kept_body(body, header_shape(header)))

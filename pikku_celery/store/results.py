@@ -155,8 +155,7 @@ class Results:
             chord = c.execute(self._lock_chord, key).first()
             if chord is None or chord.fired_at is not None:
                 continue
-            done = c.execute(sql.results.chord_parts_done, key).scalar_one()
-            if done < chord.size:
+            if c.execute(sql.results.chord_parts_waiting, key).scalar_one():
                 continue
             if c.execute(sql.results.claim_firing, {**key, "now": at}).rowcount:
                 ids = c.execute(sql.results.part_ids, key).scalars().all()

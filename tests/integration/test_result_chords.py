@@ -202,3 +202,18 @@ def test_a_fired_chord_applied_again_later_fires_again_and_once(store: WorkflowS
     assert fired == FiredChord(group_id, b"body", tuple(parts))
     assert list(store.batches.apply_batch(again).fired) == []
     assert store.results.unsent_chords(now() + dt.timedelta(seconds=1))[0].group_id == group_id
+
+
+def test_a_task_added_before_its_chord_is_in_sql_is_waited_for_after_the_header(
+    store: WorkflowStore,
+) -> None:
+    # The adding task's journal (its add, then its own result) is flushed by a worker
+    # before the publisher's journal brings the chord.
+    group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(2)]
+    added = str(uuid.uuid4())
+    adding = MirrorBatch(chord_parts=[(group_id, added)], results=[success(parts[0])])
+    assert list(store.batches.apply_batch(adding).fired) == []
+    assert write(store, success(parts[1])) == []
+    assert list(store.batches.apply_batch(journaled(group_id, parts)).fired) == []
+    [fired] = write(store, success(added))
+    assert fired == FiredChord(group_id, b"body", (*parts, added))

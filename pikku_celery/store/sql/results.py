@@ -15,9 +15,10 @@ from pikku_celery.schema import celery_result_chords as chords
 from pikku_celery.schema import celery_results as results
 
 __all__ = [
+    "ADDED_PARTS",
     "READY_STATES",
     "add_chord_part",
-    "chord_parts_done",
+    "chord_parts_waiting",
     "chords_of_parts",
     "claim_firing",
     "delete_group",
@@ -176,9 +177,7 @@ def insert_chord(dialect: str) -> Insert:
             "fired_at": None,
             "sent_at": None,
         },
-        where=sa.and_(
-            chords.c.fired_at.is_not(None), chords.c.created_at < excluded.created_at
-        ),
+        where=sa.and_(chords.c.fired_at.is_not(None), chords.c.created_at < excluded.created_at),
     )
     return statement
 
@@ -193,11 +192,17 @@ def insert_chord_parts(dialect: str) -> Insert:
     return statement
 
 
+#: Where the positions of tasks added to a chord begin: after every header part, even
+#: when one is added before its chord's header is in SQL (another process's journal).
+ADDED_PARTS: Final = 1 << 30
+
+
 @cache
 def add_chord_part(dialect: str) -> Insert:
     """A task added to a chord, after its other parts; once, whatever the redeliveries."""
+    last = sa.func.coalesce(sa.func.max(parts.c.position), -1)
     after = (
-        sa.select(sa.func.coalesce(sa.func.max(parts.c.position), -1) + 1)
+        sa.select(sa.case((last < ADDED_PARTS, ADDED_PARTS), else_=last + 1))
         .where(parts.c.group_id == P("chord_id"))
         .scalar_subquery()
     )
@@ -238,11 +243,16 @@ def lock_chord(dialect: str) -> sa.Select[tuple[int, bytes, object]]:
     return query.with_for_update() if dialect == "postgresql" else query
 
 
-# Each part counts once, by its row in the results, whatever its deliveries.
-chord_parts_done: Final = (
+# Each part counts once, by its row in the results, whatever its deliveries; what the
+# chord waits for is its rows of parts, header and added alike, not a count kept apart
+# (a task may be added before the chord itself is in SQL).
+chord_parts_waiting: Final = (
     sa.select(sa.func.count())
-    .select_from(parts.join(results, results.c.task_id == parts.c.task_id))
-    .where(parts.c.group_id == P("chord_id"), results.c.status.in_(READY_STATES))
+    .select_from(parts.outerjoin(results, results.c.task_id == parts.c.task_id))
+    .where(
+        parts.c.group_id == P("chord_id"),
+        sa.or_(results.c.status.is_(None), results.c.status.not_in(READY_STATES)),
+    )
 )
 
 claim_firing: Final = (
@@ -255,13 +265,14 @@ part_ids: Final = (
     sa.select(parts.c.task_id).where(parts.c.group_id == P("chord_id")).order_by(parts.c.position)
 )
 
-# The chord's parts are all done (a chord not fired, counted in the statement's snapshot).
-_all_parts_done: Final = (
-    chords.c.size
-    <= sa.select(sa.func.count())
-    .select_from(parts.join(results, results.c.task_id == parts.c.task_id))
-    .where(parts.c.group_id == chords.c.group_id, results.c.status.in_(READY_STATES))
-    .scalar_subquery()
+# The chord's parts are all done (a chord not fired, in the statement's snapshot).
+_all_parts_done: Final = ~sa.exists(
+    sa.select(parts.c.task_id)
+    .select_from(parts.outerjoin(results, results.c.task_id == parts.c.task_id))
+    .where(
+        parts.c.group_id == chords.c.group_id,
+        sa.or_(results.c.status.is_(None), results.c.status.not_in(READY_STATES)),
+    )
 )
 
 #: Chords not fired whose parts all have results, written a while ago: what no batch
