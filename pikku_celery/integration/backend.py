@@ -28,7 +28,7 @@ from celery import states
 from celery.backends.base import BaseBackend
 from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import result_from_tuple
-from celery.utils.functional import _regen
+from celery.utils.functional import _regen  # type: ignore[attr-defined]
 from kombu.exceptions import EncodeError
 from kombu.utils.encoding import bytes_to_str, ensure_bytes
 

@@ -159,7 +159,9 @@ def _nested(header: ResultBase, values: dict[str, Any]) -> Any:
     """The header's results shaped as ``GroupResult.join`` gives them: a list per group."""
     if isinstance(header, GroupResult):
         return [_nested(child, values) for child in header.results or ()]
-    return values[str(header.id)]
+    if isinstance(header, AsyncResult):
+        return values[str(header.id)]
+    return None
 
 
 def _without_errbacks(body: Any, app: Any) -> Any:
@@ -167,5 +169,6 @@ def _without_errbacks(body: Any, app: Any) -> Any:
     quiet = body.clone()
     quiet.options.pop("link_error", None)
     if isinstance(quiet, group):
-        quiet.tasks = [_without_errbacks(maybe_signature(t, app=app), app) for t in quiet.tasks]
+        tasks = [_without_errbacks(maybe_signature(t, app=app), app) for t in quiet.tasks]
+        quiet.kwargs["tasks"] = tasks
     return quiet

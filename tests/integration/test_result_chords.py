@@ -159,6 +159,13 @@ class _HeldCommits:
             self._barrier.wait()
 
 
+def _apply_held(
+    store: WorkflowStore, commits: _HeldCommits, batch: MirrorBatch, fired: list[FiredChord]
+) -> None:
+    commits.hold_this_thread()
+    fired.extend(store.batches.apply_batch(batch).fired)
+
+
 def test_a_chord_and_its_last_result_committed_at_once_fire_the_chord_once(
     pg_engine: sa.Engine,
 ) -> None:
@@ -172,14 +179,9 @@ def test_a_chord_and_its_last_result_committed_at_once_fire_the_chord_once(
         assert write(store, success(parts[0])) == []
         fired: list[FiredChord] = []
         with _HeldCommits(pg_engine, 2) as commits:
-
-            def apply(batch: MirrorBatch) -> None:
-                commits.hold_this_thread()
-                fired.extend(store.batches.apply_batch(batch).fired)
-
             batches = [journaled(group_id, parts), MirrorBatch(results=[success(parts[1])])]
             threads = [
-                threading.Thread(target=apply, args=(batch,))
+                threading.Thread(target=_apply_held, args=(store, commits, batch, fired))
                 for batch in (batches if chord_first else batches[::-1])
             ]
             for thread in threads:
