@@ -11,6 +11,7 @@ import contextlib
 import signal
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -42,6 +43,18 @@ def results(
     with results_app(url, broker) as module:
         with worker_running(module, broker, tmp, concurrency=2, queues=QUEUE) as worker:
             yield module, worker
+
+
+@contextlib.contextmanager
+def worker_of_its_own(app: ModuleType, tmp: Path, env: dict[str, str]) -> Iterator[Worker]:
+    """A worker of the test's own settings, on a queue of its own: the module's worker, on
+    the shared one, takes none of its tasks."""
+    queue = f"{QUEUE}-own"
+    app.app.conf.task_default_queue = queue
+    with worker_running(
+        app, "redis", tmp, concurrency=2, queues=queue, extra_env={"RESULTS_QUEUE": queue, **env}
+    ) as worker:
+        yield worker
 
 
 def fired_at(app: ModuleType, group_id: str) -> Any:
@@ -227,15 +240,12 @@ def test_every_chord_fires_with_the_reaper_off_from_a_process_that_waited_before
     # results, in transactions at the same moment: no pass of the reaper finishes a chord
     # here, so each fires from the batches that wrote it and its parts, or never.
     tmp = tmp_path_factory.mktemp("chords-no-reaper")
-    with results_app(pg_url) as app:
-        with worker_running(
-            app, "redis", tmp, concurrency=2, queues=QUEUE, extra_env={"PIKKU_REAPER_INTERVAL": "0"}
-        ):
-            assert app.plain_add.delay(1, 1).get(timeout=60) == 2
-            for n in range(30):
-                header = [app.plain_add.s(n, k) for k in range(3)]
-                sent: Any = chord(header, app.total.s()).apply_async()
-                assert sent.get(timeout=30) == 3 * n + 3, f"chord {n} of 30"
+    with results_app(pg_url) as app, worker_of_its_own(app, tmp, {"PIKKU_REAPER_INTERVAL": "0"}):
+        assert app.plain_add.delay(1, 1).get(timeout=60) == 2
+        for n in range(30):
+            header = [app.plain_add.s(n, k) for k in range(3)]
+            sent: Any = chord(header, app.total.s()).apply_async()
+            assert sent.get(timeout=30) == 3 * n + 3, f"chord {n} of 30"
 
 
 def test_a_chord_added_to_the_chord_by_a_header_task_counts_by_its_body(
@@ -245,14 +255,11 @@ def test_a_chord_added_to_the_chord_by_a_header_task_counts_by_its_body(
     # SQL before the publisher's, with the chord. No reaper pass sends a body here.
     monkeypatch.setenv("RESULTS_MIRROR", "all")
     tmp = tmp_path_factory.mktemp("chord-added-chord")
-    with results_app(pg_url) as app:
-        with worker_running(
-            app, "redis", tmp, concurrency=2, queues=QUEUE, extra_env={"PIKKU_REAPER_INTERVAL": "0"}
-        ):
-            for n in range(10):
-                grow = group([app.grow_by_chord.s([1, 2, 3], 4)])
-                sent: Any = (grow | app.identity.s()).delay()
-                assert sorted(sent.get(timeout=30)) == [0, 5 + 6 + 7], f"chord {n} of 10"
+    with results_app(pg_url) as app, worker_of_its_own(app, tmp, {"PIKKU_REAPER_INTERVAL": "0"}):
+        for n in range(10):
+            grow = group([app.grow_by_chord.s([1, 2, 3], 4)])
+            sent: Any = (grow | app.identity.s()).delay()
+            assert sorted(sent.get(timeout=30)) == [0, 5 + 6 + 7], f"chord {n} of 10"
 
 
 def test_a_frozen_chord_applied_again_sends_its_body_again(
