@@ -17,6 +17,7 @@ Registered as the ``pikku`` entry point of ``celery.result_backends``.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import threading
 import time
@@ -27,12 +28,19 @@ from celery import states
 from celery.backends.base import BaseBackend
 from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import result_from_tuple
+from celery.utils.functional import _regen  # type: ignore[attr-defined]
 from kombu.exceptions import EncodeError
 from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
 from pikku_celery.errors import ConfigurationError, PayloadTooLarge, StepNotFound
 from pikku_celery.integration import replace
-from pikku_celery.integration.chords import chord_parts, fire_chords
+from pikku_celery.integration.chords import (
+    SHAPE_OPTION,
+    chord_parts,
+    fire_chords,
+    header_shape,
+)
+from pikku_celery.integration.generator_chords import LazyChords
 from pikku_celery.integration.installed import installed_on
 from pikku_celery.store import (
     DEFAULT_DATABASE_URL,
@@ -117,6 +125,7 @@ class PikkuBackend(BaseBackend):
         self._own_pid = 0
         self._checked: WorkflowStore | None = None
         self._lock = threading.Lock()
+        self._lazy_chords = LazyChords()
         pikku = installed_on(app)
         if pikku is not None:
             self._check_same(pikku.mirror.store)
@@ -217,12 +226,44 @@ class PikkuBackend(BaseBackend):
         """Keep the chord in SQL before its header is published; the batch that writes its
         last part's result fires it (``integration/chords.py``)."""
         self.ensure_chords_allowed()
+        group_id, results = str(header_result_args[0]), header_result_args[1]
+        if isinstance(results, _regen):
+            # Read from a generator: kept as its tasks are sent (``generator_chords``).
+            encoded = self._kept_body(body, None)
+            self._lazy_chords.applied(
+                group_id, functools.partial(self._keep, group_id, encoded=encoded)
+            )
+            return
         header = self.app.GroupResult(*header_result_args)
-        group_id, parts = str(header.id), chord_parts(header)
-        encoded = ensure_bytes(self.encode(body))
+        self._keep(group_id, chord_parts(header), self._kept_body(body, header_shape(header)))
+
+    def set_chord_size(self, group_id: str, chord_size: int) -> None:
+        """Celery's count of a chord's parts, told before it sends the last: a chord whose
+        header is a generator is kept once that one is published."""
+        self._lazy_chords.sized(str(group_id), int(chord_size))
+
+    def _kept_body(self, body: Any, shape: Any | None) -> bytes:
+        """The body as the chord keeps it, with what its sending needs and the header
+        tasks do not carry."""
+        kept: dict[str, Any] = {}
+        if shape is not None:
+            kept[SHAPE_OPTION] = shape
+        parent = self.app.current_worker_task
+        if not body.options.get("root_id") and parent is not None:
+            # The header tasks are sent under this task's root, and the body, sent from
+            # one of them, would be: it is sent from no task here, so it is told.
+            kept["root_id"] = parent.request.root_id or parent.request.id
+        if kept:
+            # A copy: the header tasks carry the body as it is.
+            body = body.clone()
+            body.options.update(kept)
+        return ensure_bytes(self.encode(body))
+
+    def _keep(self, group_id: str, parts: Sequence[str], encoded: bytes) -> None:
         pikku = installed_on(self.app)
         if pikku is None:
-            self.store.results.apply_chord(group_id, parts, encoded)
+            # Its parts may all be done already (the header was sent before, with this id).
+            self.fire_chords(self.store.results.apply_chord(group_id, parts, encoded))
         else:
             # Journaled like a result: publishing a chord needs no database round trip.
             # Its header's results may reach SQL first (other processes' journals): the

@@ -20,15 +20,22 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from celery import states
-from celery.canvas import maybe_signature
+from celery.canvas import group, maybe_signature
 from celery.exceptions import ChordError
-from celery.result import AsyncResult, GroupResult, ResultBase
+from celery.result import AsyncResult, GroupResult, ResultBase, result_from_tuple
 
 from pikku_celery.errors import StepNotFound
 from pikku_celery.integration.run_context import RunContext, current_run
 from pikku_celery.store import FiredChord, now
 
-__all__ = ["RESEND_AFTER", "chord_parts", "fire_chords", "resume_chords"]
+__all__ = [
+    "RESEND_AFTER",
+    "SHAPE_OPTION",
+    "chord_parts",
+    "fire_chords",
+    "header_shape",
+    "resume_chords",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +43,21 @@ logger = logging.getLogger(__name__)
 #: (``pikku_chord_resend_after``): its sent mark travels the journal of the process that
 #: sent it, so this is well past that journal's flush lag.
 RESEND_AFTER: Final = 30.0
+#: The body's option that holds the header's shape (``header_shape``) while it is kept.
+SHAPE_OPTION: Final = "pikku_header_shape"
 # Seconds a chord whose parts are all done may wait for a batch to fire it.
 _DUE_AFTER: Final = 5.0
+
+
+def header_shape(header: GroupResult) -> Any | None:
+    """How the body's argument nests, when it does (a header holding a chain that ends in a
+    group: that group's results are one value); None when it is one value per part.
+
+    Kept in the body's options as Celery's Redis backend keeps the header's result tuple
+    for the same headers, and taken off before the body is sent."""
+    if any(isinstance(child, GroupResult) for child in header.results or ()):
+        return header.as_tuple()
+    return None
 
 
 def chord_parts(header: ResultBase) -> list[str]:
@@ -94,6 +114,7 @@ def _fire(backend: Any, chord: FiredChord) -> None:
     body = maybe_signature(backend.decode(chord.body), app=app)
     if body is None:
         raise ValueError(f"chord {chord.group_id} has no body")
+    shape = body.options.pop(SHAPE_OPTION, None)
     stored = backend.store.results.get_many(chord.parts)
     metas: Sequence[dict[str, Any]] = [
         backend.decode_result(stored[task_id].meta) for task_id in chord.parts
@@ -103,19 +124,51 @@ def _fire(backend: Any, chord: FiredChord) -> None:
             culprit = meta["result"]
             cause = culprit if isinstance(culprit, BaseException) else None
             # Celery fails the body "from the current stack": it needs one being handled.
+            if isinstance(culprit, ChordError):
+                # The part is the body of a chord in this one's header, failed by its own
+                # header: its errbacks, which Celery gives it from this chord's, ran then.
+                # Celery's Redis backend never counts such a part, so they never run twice.
+                body = _without_errbacks(body, app)
             try:
                 raise ChordError(f"Dependency {task_id} raised {culprit!r}") from cause
             except ChordError as error:
                 backend.chord_error_from_stack(body, error)
             return
-    # The body joins the run of the last header part, after that part, as it does when
-    # Celery's own backends send it from inside that task.
+    # Sent as Celery's own backends send it, from inside the header task that completed
+    # the chord (here the last in header order): that task is its parent, that task's root
+    # is its root (a header task sent from outside any task is a root itself), and it
+    # joins that task's run, after that task.
+    last_part = chord.parts[-1]
+    root = body.options.get("root_id") or last_part
     context = None
     with contextlib.suppress(StepNotFound):
-        last = backend.store.get_step(chord.parts[-1])
+        last = backend.store.get_step(last_part)
         context = RunContext(last.run_id, last.step_id)
     token = current_run.set(context)
     try:
-        body.delay([meta["result"] for meta in metas])
+        values = [meta["result"] for meta in metas]
+        if shape is not None:
+            by_id = dict(zip(chord.parts, values, strict=True))
+            values = _nested(result_from_tuple(shape, app), by_id)
+        body.apply_async((values,), parent_id=last_part, root_id=root)
     finally:
         current_run.reset(token)
+
+
+def _nested(header: ResultBase, values: dict[str, Any]) -> Any:
+    """The header's results shaped as ``GroupResult.join`` gives them: a list per group."""
+    if isinstance(header, GroupResult):
+        return [_nested(child, values) for child in header.results or ()]
+    if isinstance(header, AsyncResult):
+        return values[str(header.id)]
+    return None
+
+
+def _without_errbacks(body: Any, app: Any) -> Any:
+    """A copy of ``body`` (and of the tasks of a group body) with no errbacks."""
+    quiet = body.clone()
+    quiet.options.pop("link_error", None)
+    if isinstance(quiet, group):
+        tasks = [_without_errbacks(maybe_signature(t, app=app), app) for t in quiet.tasks]
+        quiet.kwargs["tasks"] = tasks
+    return quiet

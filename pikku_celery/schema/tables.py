@@ -459,7 +459,8 @@ celery_groups = sa.Table(
 )
 
 # A chord the result backend finishes itself (no ``celery.chord_unlock``): its body as
-# the app's result serializer encoded it, how many header parts it waits for, and when
+# the app's result serializer encoded it, how many parts it was given (its rows of parts,
+# header and added, are what it waits for: a task may be added before it lands), and when
 # the batch that wrote the last of their results claimed its firing (once), and when the
 # process that claimed it had sent the body (a chord fired and not sent is sent again).
 celery_result_chords = sa.Table(

@@ -9,6 +9,7 @@ forward, and deliveries are counted through a ledger of event ids.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from collections.abc import Callable, Iterable, Sequence
@@ -56,12 +57,24 @@ class Batches:
         self._open_chord = sql.batches.open_chord(db.dialect)
 
     def apply_batch(self, batch: MirrorBatch, *, conn: sa.Connection | None = None) -> BatchResult:
-        """Write a batch in one transaction (the caller's, if given); see :class:`BatchResult`."""
+        """Write a batch in one transaction (the caller's, if given); see :class:`BatchResult`.
+
+        In a transaction of its own, the chords the batch's chords and results complete
+        fire even when another batch wrote the rest at the same moment; in the caller's,
+        the caller calls ``results.settle`` after its COMMIT for that."""
         for transition in batch.transitions:
             if transition.status not in TRANSITION_STATUSES:
                 raise InvalidStatus("attempt", transition.status, TRANSITION_STATUSES)
         with self._db.writers_in_turn(conn), self._db.write(conn) as c:
-            return self._apply(c, batch)
+            result = self._apply(c, batch)
+        if conn is not None:
+            return result
+        # Its chords and results were counted before the other batches' of the moment
+        # committed: looked at again now, the chords they complete fire (``settle``).
+        groups = [h.group_id for h in batch.chords] + [g for g, _ in batch.chord_parts]
+        ready = [r.task_id for r in batch.results if r.status in sql.results.READY_STATES]
+        late = self._results.settle(groups, ready)
+        return dataclasses.replace(result, fired=(*result.fired, *late)) if late else result
 
     def prune_deliveries(self, before: dt.datetime) -> int:
         """Forget counted deliveries older than ``before`` (a journal older than that is

@@ -9,6 +9,7 @@ serializer: the store keeps them as bytes and never looks inside.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ from pikku_celery.store.mirror_batch import ChordWrite, FiredChord, ResultWrite
 from pikku_celery.store.result_watch import CHANNEL, ResultWatch, notify_payload, watch_results
 
 __all__ = ["Results", "StoredResult"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,8 @@ class Results:
         self._add_part = sql.results.add_chord_part(db.dialect)
         self._expire_results = sql.results.expire_results(db.dialect)
         self._expire_groups = sql.results.expire_groups(db.dialect)
+        # PostgreSQL's writers run at once: each looks for chords again after its COMMIT.
+        self._settles: bool = by_dialect(db.dialect, {"postgresql": True, "sqlite": False})
         # Readers waiting on PostgreSQL are told at COMMIT; SQLite's see data_version move.
         self._notify: sa.Executable | None = by_dialect(
             db.dialect, {"postgresql": sql.results.notify, "sqlite": None}
@@ -58,12 +63,22 @@ class Results:
     ) -> list[FiredChord]:
         """Write results forward only (see ``sql.results.write_result``) and the chords
         applied with them; returns the chords whose last header part is now written, to be
-        fired once it is committed.
+        fired once it is committed (given ``conn``, the caller commits, then calls
+        :meth:`settle`).
 
         A chord is journaled by its publisher and its parts' results by the workers, so the
         results may be in SQL first: a chord is counted as it lands, too."""
         if not rows and not chords:
             return []
+        with self._db.write(conn) as c:
+            fired = self._write_counted(c, rows, chords)
+        if conn is None:
+            fired += self.settle([h.group_id for h in chords], _ready(rows))
+        return fired
+
+    def _write_counted(
+        self, c: sa.Connection, rows: Sequence[ResultWrite], chords: Sequence[ChordWrite]
+    ) -> list[FiredChord]:
         params = [
             {
                 "task_id": r.task_id,
@@ -75,22 +90,55 @@ class Results:
             }
             for r in rows
         ]
-        ready = [r.task_id for r in rows if r.status in sql.results.READY_STATES]
+        ready = _ready(rows)
         # One transaction: the chords and the results that count them land together.
-        with self._db.write(conn) as c:
-            if chords:
-                self._apply_chords(c, chords)
-                if not rows:
-                    return self._complete_chords(c, [h.group_id for h in chords], chords[0].at)
-            c.execute(self._write, params)
-            if ready and self._notify is not None:
-                # Delivered at COMMIT, to the readers waiting for these ids (result_watch).
-                c.execute(self._notify, {"channel": CHANNEL, "payload": notify_payload(ready)})
-            groups = set(h.group_id for h in chords)
-            if ready:
-                found = c.execute(sql.results.chords_of_parts, {"task_ids": sorted(set(ready))})
-                groups.update(found.scalars().all())
-            return self._complete_chords(c, sorted(groups), rows[0].at) if groups else []
+        if chords:
+            self._apply_chords(c, chords)
+            if not rows:
+                return self._complete_chords(c, [h.group_id for h in chords], chords[0].at)
+        c.execute(self._write, params)
+        if ready and self._notify is not None:
+            # Delivered at COMMIT, to the readers waiting for these ids (result_watch).
+            c.execute(self._notify, {"channel": CHANNEL, "payload": notify_payload(ready)})
+        groups = set(h.group_id for h in chords)
+        if ready:
+            found = c.execute(sql.results.chords_of_parts, {"task_ids": sorted(set(ready))})
+            groups.update(found.scalars().all())
+        return self._complete_chords(c, sorted(groups), rows[0].at) if groups else []
+
+    def settle(self, group_ids: Iterable[str], task_ids: Iterable[str]) -> list[FiredChord]:
+        """After the COMMIT of a transaction that wrote chords (``group_ids``: applied or
+        added to) or ready results (``task_ids``): claim those chords, and the chords of
+        those results, whose parts are now all done and that no batch claimed.
+
+        A chord and its last part's result are written by different processes' batches
+        (the publisher's, a worker's); two that run at once each count only what the other
+        had committed, so neither claims it in its own transaction. Each looking again
+        after its COMMIT, in a fresh snapshot, the later of the two to commit sees both and
+        claims it: a chord fires within the flush lag whatever the order of the commits.
+        SQLite writes one transaction at a time: the count inside it saw the other's.
+
+        A failure here is logged and leaves the chord to the reaper's pass: the batch is
+        committed, and what it claimed must still be sent."""
+        groups, ids = sorted(set(group_ids)), sorted(set(task_ids))
+        if not self._settles or not (groups or ids):
+            return []
+        try:
+            with self._db.read(None) as c:
+                key = {"group_ids": groups, "task_ids": ids}
+                due = c.execute(sql.results.settled_chords, key).scalars().all()
+            if not due:
+                return []
+            with self._db.write(None) as c:
+                return self._complete_chords(c, due, now())
+        except Exception:
+            logger.warning(
+                "pikku-celery could not look again for chords to fire after a commit; the "
+                "reaper's pass fires them",
+                exc_info=True,
+                extra={"action": "chord_settle_failed"},
+            )
+            return []
 
     def _complete_chords(
         self, c: sa.Connection, groups: Sequence[str], at: dt.datetime
@@ -107,19 +155,17 @@ class Results:
             chord = c.execute(self._lock_chord, key).first()
             if chord is None or chord.fired_at is not None:
                 continue
-            done = c.execute(sql.results.chord_parts_done, key).scalar_one()
-            if done < chord.size:
+            if c.execute(sql.results.chord_parts_waiting, key).scalar_one():
                 continue
             if c.execute(sql.results.claim_firing, {**key, "now": at}).rowcount:
                 ids = c.execute(sql.results.part_ids, key).scalars().all()
                 fired.append(FiredChord(group_id, bytes(chord.body), tuple(ids)))
         return fired
 
-    def apply_chord(self, group_id: str, parts: Sequence[str], body: bytes) -> None:
+    def apply_chord(self, group_id: str, parts: Sequence[str], body: bytes) -> list[FiredChord]:
         """Keep a chord until its header parts are done (before any of them is published),
-        in a process with no journal."""
-        with self._db.write(None) as c:
-            self._apply_chords(c, [ChordWrite(group_id, tuple(parts), body, now())])
+        in a process with no journal; returns it if its parts are already done."""
+        return self.write([], chords=[ChordWrite(group_id, tuple(parts), body, now())])
 
     def _apply_chords(self, c: sa.Connection, chords: Sequence[ChordWrite]) -> None:
         c.execute(
@@ -225,3 +271,7 @@ class Results:
                 c.execute(sql.results.expire_chord_parts)
             gone += chords
         return int(gone)
+
+
+def _ready(rows: Sequence[ResultWrite]) -> list[str]:
+    return [r.task_id for r in rows if r.status in sql.results.READY_STATES]

@@ -1,8 +1,9 @@
 """An app whose result backend is the pikku-celery store: ``backend="pikku://"``.
 
 Configured from the environment: ``RESULTS_BROKER_URL``, ``RESULTS_DATABASE_URL``,
-``RESULTS_QUEUE``, and ``RESULTS_SERIALIZER`` / ``RESULTS_COMPRESSION`` (Celery's
-``result_serializer`` and ``result_compression``; json and none by default). Its tasks
+``RESULTS_QUEUE``, ``RESULTS_SERIALIZER`` / ``RESULTS_COMPRESSION`` (Celery's
+``result_serializer`` and ``result_compression``; json and none by default), and
+``RESULTS_MIRROR`` (``PikkuCelery``'s ``mirror``: decorated steps by default). Its tasks
 cover what ``AsyncResult`` reads: a value, an exception, retries, a started task, a
 custom state, an ignored result, a value only pickle carries.
 """
@@ -41,7 +42,11 @@ app.conf.update(
     result_compression=os.environ.get("RESULTS_COMPRESSION") or None,
 )
 
-pikku = PikkuCelery(app, database_url=os.environ.get("RESULTS_DATABASE_URL"))
+pikku = PikkuCelery(
+    app,
+    database_url=os.environ.get("RESULTS_DATABASE_URL"),
+    mirror=os.environ.get("RESULTS_MIRROR") or None,
+)
 
 
 @pikku.step(name="results.add", shared=False)
@@ -121,3 +126,41 @@ def failed_part(task_id: str) -> str:
 @pikku.step(name="results.sum_step", shared=False)
 def sum_step(values: list[int]) -> int:
     return sum(values)
+
+
+@app.task(name="results.identity", shared=False)
+def identity(value: Any) -> Any:
+    return value
+
+
+@app.task(bind=True, name="results.ids", shared=False)
+def ids(self: Any, previous: Any = None) -> dict[str, Any]:
+    """Who sent this task (``root_id``, ``parent_id``), and what it was given."""
+    return {"root": self.request.root_id, "parent": self.request.parent_id, "given": previous}
+
+
+@app.task(name="results.chord_of_ids", shared=False)
+def chord_of_ids() -> str:
+    """A task that sends a chord: the id of the chord's body."""
+    from celery import chord
+
+    return str(chord([ids.si(), ids.si()], ids.s()).apply_async().id)
+
+
+@app.task(bind=True, name="results.grow_by_chord", shared=False)
+def grow_by_chord(self: Any, numbers: list[int], value: int) -> int:
+    """A header task that adds a chord to its own chord: the inner body is the part."""
+    from celery import group
+
+    self.add_to_chord(group(plain_add.s(n, value) for n in numbers) | total.s())
+    return 0
+
+
+@app.task(name="results.fail", shared=False)
+def fail() -> None:
+    raise ValueError("a header task fails")
+
+
+@app.task(name="results.echo", shared=False)
+def echo(message: str) -> str:
+    return message

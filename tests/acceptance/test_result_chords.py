@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from celery import chain, chord, group
-from celery.exceptions import ChordError
+from celery.exceptions import ChordError, CPendingDeprecationWarning
 
 from pikku_celery import WorkflowStore
 from tests.acceptance.conftest import Worker, wait_until, worker_running
@@ -41,6 +43,18 @@ def results(
     with results_app(url, broker) as module:
         with worker_running(module, broker, tmp, concurrency=2, queues=QUEUE) as worker:
             yield module, worker
+
+
+@contextlib.contextmanager
+def worker_of_its_own(app: ModuleType, tmp: Path, env: dict[str, str]) -> Iterator[Worker]:
+    """A worker of the test's own settings, on a queue of its own: the module's worker, on
+    the shared one, takes none of its tasks."""
+    queue = f"{QUEUE}-own"
+    app.app.conf.task_default_queue = queue
+    with worker_running(
+        app, "redis", tmp, concurrency=2, queues=queue, extra_env={"RESULTS_QUEUE": queue, **env}
+    ) as worker:
+        yield worker
 
 
 def fired_at(app: ModuleType, group_id: str) -> Any:
@@ -71,6 +85,42 @@ def test_nested_groups_and_chains_in_a_header_count_by_their_last_tasks(
     assert chord(header, app.total.s()).apply_async().get(timeout=60) == 12 + 6
     flat: Any = chord(group(app.add.s(1, 1), app.add.s(2, 2)), app.total.s()).apply_async()
     assert flat.get(timeout=60) == 6
+
+
+def test_a_group_at_the_end_of_a_chain_in_a_header_gives_the_body_a_list(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # As Celery's Redis backend joins such a header: the chain's group is one value.
+    app, _ = results
+    tail = chain(app.identity.s(42), group(app.identity.s(), app.identity.s()))
+    assert chord(group(tail), app.identity.s()).delay().get(timeout=60) == [[42, 42]]
+    sevens = chain(app.identity.s(7), group(app.identity.s(), app.identity.s()))
+    mixed = chord([app.add.s(1, 1), sevens, app.add.s(2, 2)], app.identity.s())
+    assert mixed.delay().get(timeout=60) == [2, [7, 7], 4]
+
+
+def test_a_body_is_sent_by_a_header_task_under_its_root(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # As Celery's own backends send it: from the header task that completed the chord.
+    app, _ = results
+    first = app.ids.si()
+    root = first.freeze().id
+    sent: Any = chain(first, app.ids.si(), chord([app.ids.si(), app.ids.si()], app.ids.s()))()
+    body = sent.get(timeout=60)
+    header = [r.id for r in sent.parent.results]
+    assert body["root"] == root
+    assert body["parent"] in header
+    assert [part["root"] for part in body["given"]] == [root, root]
+    # A chord of its own: the header tasks are roots, and the body follows one of them.
+    lone: Any = chord([app.ids.si(), app.ids.si()], app.ids.s()).apply_async()
+    body = lone.get(timeout=60)
+    assert body["parent"] in [r.id for r in lone.parent.results]
+    assert body["root"] == body["parent"]
+    # Sent by a task: that task's root is the chord's.
+    outer: Any = app.chord_of_ids.delay()
+    body = app.app.AsyncResult(outer.get(timeout=60)).get(timeout=60)
+    assert body["root"] == outer.id
 
 
 def test_a_failed_part_fails_the_body_with_chord_error_and_runs_its_errback(
@@ -181,3 +231,92 @@ def test_a_task_added_to_the_chord_by_a_header_task_is_in_the_bodys_results(
     sent: Any = chord([app.grow.s(3), app.add.s(1, 1)], app.total.s()).apply_async()
     assert sent.get(timeout=60) == 3 + 2 + 6  # the added add(3, 3) counted, last
     assert worker.log.read_text().count(f"results.total[{sent.id}] succeeded") == 1
+
+
+def test_every_chord_fires_with_the_reaper_off_from_a_process_that_waited_before(
+    pg_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # The publisher's flusher writes each chord while the worker's writes its header's
+    # results, in transactions at the same moment: no pass of the reaper finishes a chord
+    # here, so each fires from the batches that wrote it and its parts, or never.
+    tmp = tmp_path_factory.mktemp("chords-no-reaper")
+    with results_app(pg_url) as app, worker_of_its_own(app, tmp, {"PIKKU_REAPER_INTERVAL": "0"}):
+        assert app.plain_add.delay(1, 1).get(timeout=60) == 2
+        for n in range(30):
+            header = [app.plain_add.s(n, k) for k in range(3)]
+            sent: Any = chord(header, app.total.s()).apply_async()
+            assert sent.get(timeout=30) == 3 * n + 3, f"chord {n} of 30"
+
+
+def test_a_chord_added_to_the_chord_by_a_header_task_counts_by_its_body(
+    pg_url: str, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every task mirrored: the worker's journal, with the header task's add, often reaches
+    # SQL before the publisher's, with the chord. No reaper pass sends a body here.
+    monkeypatch.setenv("RESULTS_MIRROR", "all")
+    tmp = tmp_path_factory.mktemp("chord-added-chord")
+    with results_app(pg_url) as app, worker_of_its_own(app, tmp, {"PIKKU_REAPER_INTERVAL": "0"}):
+        for n in range(10):
+            grow = group([app.grow_by_chord.s([1, 2, 3], 4)])
+            sent: Any = (grow | app.identity.s()).delay()
+            assert sorted(sent.get(timeout=30)) == [0, 5 + 6 + 7], f"chord {n} of 10"
+
+
+def test_a_frozen_chord_applied_again_sends_its_body_again(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # As with Celery's Redis backend: the same group id, but each apply is a run of its own.
+    app, worker = results
+    frozen = chord(group(app.plain_add.s(1, 2), app.plain_add.s(3, 4)), app.total.s())
+    body_id = frozen.freeze().id
+    assert frozen.apply_async().get(timeout=60) == 10
+    ran = f"results.total[{body_id}] succeeded"
+    wait_until(lambda: worker.log.read_text().count(ran) == 1, what="the first body")
+    assert frozen.apply_async().get(timeout=60) == 10
+    wait_until(lambda: worker.log.read_text().count(ran) == 2, what="the body sent again")
+
+
+def test_a_header_read_from_a_generator_is_sent_as_it_is_read(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # Celery reads one task ahead of the one it sends: the generator waits, before its
+    # third task, for the first to have run, which it cannot if the chord read it whole.
+    app, _ = results
+    first = app.plain_add.s(0, 0)
+    first.freeze()
+
+    def header() -> Iterator[Any]:
+        yield first
+        yield chain(app.plain_add.s(1, 1), app.plain_add.s(10))
+        wait_until(lambda: app.app.AsyncResult(first.id).ready(), timeout=20, what="the first part")
+        yield app.plain_add.s(2, 2)
+        yield app.plain_add.s(3, 3)
+
+    sent: Any = chord(header(), app.total.s()).apply_async()
+    assert sent.get(timeout=60) == 0 + 12 + 4 + 6
+
+
+def test_an_errback_runs_once_for_a_chord_in_a_chord_whose_header_failed(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # The inner chord's body inherits the outer's errback and runs it as the inner chord
+    # fails; as with Celery's Redis backend, the outer chord runs it no second time.
+    app, worker = results
+    errback = app.echo.si("errback called")
+    inner = chord([app.identity.si("t1"), app.fail.si()], app.identity.si("t2 (body)"))
+    outer = chord(group([app.identity.si("t3"), inner]), app.echo.si("chord body called"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CPendingDeprecationWarning)
+        outer.link_error(errback)
+    sent: Any = outer.delay()
+    failed = app.app.AsyncResult(sent.id).get(timeout=60, propagate=False)
+    assert isinstance(failed, ChordError)  # the outer body never ran
+    # Anything the outer chord's failure published is in the queue before this message.
+    after = app.echo.si("after")
+    after_id = after.freeze().id
+    assert after.apply_async().get(timeout=60) == "after"
+    log = worker.log.read_text()
+    assert "'chord body called'" not in log
+    errbacks = [line for line in log.splitlines() if "results.echo[" in line]
+    received = [line for line in errbacks if line.endswith("received")]
+    assert len([line for line in received if after_id not in line]) == 1

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from pikku_celery import WorkflowStore
 from pikku_celery.schema import celery_results
 from pikku_celery.store import ChordWrite, FiredChord, MirrorBatch, ResultWrite, now
+from tests.conftest import truncate
 
 
 def success(task_id: str) -> ResultWrite:
@@ -82,9 +83,10 @@ def test_a_journaled_chord_that_lands_after_its_parts_fires_as_it_lands(
     # may all be in SQL before the chord is.
     group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(2)]
     assert write(store, success(parts[1]), success(parts[0])) == []
-    [fired] = store.batches.apply_batch(journaled(group_id, parts)).fired
+    applied = journaled(group_id, parts)
+    [fired] = store.batches.apply_batch(applied).fired
     assert fired == FiredChord(group_id, b"body", tuple(parts))
-    assert list(store.batches.apply_batch(journaled(group_id, parts)).fired) == []  # again
+    assert list(store.batches.apply_batch(applied).fired) == []  # replayed: fired once
 
     other, halves = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(2)]
     assert list(store.batches.apply_batch(journaled(other, halves)).fired) == []
@@ -128,5 +130,92 @@ def test_a_task_added_to_a_chord_is_waited_for_after_the_others_and_counted_once
     assert list(store.batches.apply_batch(batch).fired) == []
     store.batches.apply_batch(MirrorBatch(chord_parts=[(group_id, added)]))  # again: once
     assert write(store, success(parts[1])) == []  # the added task is still out
+    [fired] = write(store, success(added))
+    assert fired == FiredChord(group_id, b"body", (*parts, added))
+
+
+class _HeldCommits:
+    """Holds each of ``parties`` transactions of an engine just before its COMMIT until all
+    of them got there: every statement of each ran while none had committed."""
+
+    def __init__(self, engine: sa.Engine, parties: int) -> None:
+        self._engine = engine
+        self._barrier = threading.Barrier(parties, timeout=30)
+        self._holding = threading.local()
+
+    def __enter__(self) -> _HeldCommits:
+        sa.event.listen(self._engine, "commit", self._hold)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sa.event.remove(self._engine, "commit", self._hold)
+
+    def hold_this_thread(self) -> None:
+        self._holding.on = True
+
+    def _hold(self, conn: sa.Connection) -> None:
+        if getattr(self._holding, "on", False):
+            self._holding.on = False  # the first COMMIT of the thread only
+            self._barrier.wait()
+
+
+def _apply_held(
+    store: WorkflowStore, commits: _HeldCommits, batch: MirrorBatch, fired: list[FiredChord]
+) -> None:
+    commits.hold_this_thread()
+    fired.extend(store.batches.apply_batch(batch).fired)
+
+
+def test_a_chord_and_its_last_result_committed_at_once_fire_the_chord_once(
+    pg_engine: sa.Engine,
+) -> None:
+    # The publisher's flusher writes the chord, a worker's writes the header's last result;
+    # each counts before the other committed. The chord fires anyway, as they commit,
+    # not at the reaper's next pass (which may be off).
+    truncate(pg_engine)
+    store = WorkflowStore(pg_engine)
+    for chord_first in (True, False, True, False):
+        group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(2)]
+        assert write(store, success(parts[0])) == []
+        fired: list[FiredChord] = []
+        with _HeldCommits(pg_engine, 2) as commits:
+            batches = [journaled(group_id, parts), MirrorBatch(results=[success(parts[1])])]
+            threads = [
+                threading.Thread(target=_apply_held, args=(store, commits, batch, fired))
+                for batch in (batches if chord_first else batches[::-1])
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+        assert [chord.group_id for chord in fired] == [group_id]
+        assert fired[0].parts == tuple(parts)
+
+
+def test_a_fired_chord_applied_again_later_fires_again_and_once(store: WorkflowStore) -> None:
+    # A frozen chord applied twice: the same group id and parts, a new run each time.
+    group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4())]
+    first = journaled(group_id, parts, now() - dt.timedelta(seconds=1))
+    assert list(store.batches.apply_batch(first).fired) == []
+    assert [c.group_id for c in write(store, success(parts[0]))] == [group_id]
+    assert list(store.batches.apply_batch(first).fired) == []  # the first apply, replayed
+    again = journaled(group_id, parts)
+    [fired] = store.batches.apply_batch(again).fired
+    assert fired == FiredChord(group_id, b"body", tuple(parts))
+    assert list(store.batches.apply_batch(again).fired) == []
+    assert store.results.unsent_chords(now() + dt.timedelta(seconds=1))[0].group_id == group_id
+
+
+def test_a_task_added_before_its_chord_is_in_sql_is_waited_for_after_the_header(
+    store: WorkflowStore,
+) -> None:
+    # The adding task's journal (its add, then its own result) is flushed by a worker
+    # before the publisher's journal brings the chord.
+    group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(2)]
+    added = str(uuid.uuid4())
+    adding = MirrorBatch(chord_parts=[(group_id, added)], results=[success(parts[0])])
+    assert list(store.batches.apply_batch(adding).fired) == []
+    assert write(store, success(parts[1])) == []
+    assert list(store.batches.apply_batch(journaled(group_id, parts)).fired) == []
     [fired] = write(store, success(added))
     assert fired == FiredChord(group_id, b"body", (*parts, added))

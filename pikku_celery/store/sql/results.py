@@ -15,9 +15,10 @@ from pikku_celery.schema import celery_result_chords as chords
 from pikku_celery.schema import celery_results as results
 
 __all__ = [
+    "ADDED_PARTS",
     "READY_STATES",
     "add_chord_part",
-    "chord_parts_done",
+    "chord_parts_waiting",
     "chords_of_parts",
     "claim_firing",
     "delete_group",
@@ -38,6 +39,7 @@ __all__ = [
     "notify",
     "part_ids",
     "save_group",
+    "settled_chords",
     "unsent_chords",
     "write_result",
 ]
@@ -156,16 +158,26 @@ notify: Final = sa.select(sa.func.pg_notify(P("channel"), P("payload")))
 
 @cache
 def insert_chord(dialect: str) -> Insert:
-    """A chord once: applying it again (a publisher's retry) changes nothing."""
-    statement: Insert = (
-        _insert(dialect)(chords)
-        .values(
-            group_id=P("group_id"),
-            size=P("size"),
-            body=P("body", type_=sa.LargeBinary),
-            created_at=P("now"),
-        )
-        .on_conflict_do_nothing(index_elements=["group_id"])
+    """A chord once per apply: the same apply written again (a journal replayed) changes
+    nothing; a later apply of a chord that fired (a frozen chord applied again, the same
+    group id) is a new run of it, which fires again, as with Celery's Redis backend."""
+    insert = _insert(dialect)(chords).values(
+        group_id=P("group_id"),
+        size=P("size"),
+        body=P("body", type_=sa.LargeBinary),
+        created_at=P("now"),
+    )
+    excluded = insert.excluded
+    statement: Insert = insert.on_conflict_do_update(
+        index_elements=["group_id"],
+        set_={
+            "size": excluded.size,
+            "body": excluded.body,
+            "created_at": excluded.created_at,
+            "fired_at": None,
+            "sent_at": None,
+        },
+        where=sa.and_(chords.c.fired_at.is_not(None), chords.c.created_at < excluded.created_at),
     )
     return statement
 
@@ -180,11 +192,17 @@ def insert_chord_parts(dialect: str) -> Insert:
     return statement
 
 
+#: Where the positions of tasks added to a chord begin: after every header part, even
+#: when one is added before its chord's header is in SQL (another process's journal).
+ADDED_PARTS: Final = 1 << 30
+
+
 @cache
 def add_chord_part(dialect: str) -> Insert:
     """A task added to a chord, after its other parts; once, whatever the redeliveries."""
+    last = sa.func.coalesce(sa.func.max(parts.c.position), -1)
     after = (
-        sa.select(sa.func.coalesce(sa.func.max(parts.c.position), -1) + 1)
+        sa.select(sa.case((last < ADDED_PARTS, ADDED_PARTS), else_=last + 1))
         .where(parts.c.group_id == P("chord_id"))
         .scalar_subquery()
     )
@@ -225,11 +243,16 @@ def lock_chord(dialect: str) -> sa.Select[tuple[int, bytes, object]]:
     return query.with_for_update() if dialect == "postgresql" else query
 
 
-# Each part counts once, by its row in the results, whatever its deliveries.
-chord_parts_done: Final = (
+# Each part counts once, by its row in the results, whatever its deliveries; what the
+# chord waits for is its rows of parts, header and added alike, not a count kept apart
+# (a task may be added before the chord itself is in SQL).
+chord_parts_waiting: Final = (
     sa.select(sa.func.count())
-    .select_from(parts.join(results, results.c.task_id == parts.c.task_id))
-    .where(parts.c.group_id == P("chord_id"), results.c.status.in_(READY_STATES))
+    .select_from(parts.outerjoin(results, results.c.task_id == parts.c.task_id))
+    .where(
+        parts.c.group_id == P("chord_id"),
+        sa.or_(results.c.status.is_(None), results.c.status.not_in(READY_STATES)),
+    )
 )
 
 claim_firing: Final = (
@@ -242,22 +265,44 @@ part_ids: Final = (
     sa.select(parts.c.task_id).where(parts.c.group_id == P("chord_id")).order_by(parts.c.position)
 )
 
-#: Chords not fired whose parts all have results, written a while ago: a batch that
-#: wrote a chord's last result while the chord itself landed in another batch, at once,
-#: counted before either committed.
+# The chord's parts are all done (a chord not fired, in the statement's snapshot).
+_all_parts_done: Final = ~sa.exists(
+    sa.select(parts.c.task_id)
+    .select_from(parts.outerjoin(results, results.c.task_id == parts.c.task_id))
+    .where(
+        parts.c.group_id == chords.c.group_id,
+        sa.or_(results.c.status.is_(None), results.c.status.not_in(READY_STATES)),
+    )
+)
+
+#: Chords not fired whose parts all have results, written a while ago: what no batch
+#: fired (a safety net: ``settled_chords`` fires them as their batches commit).
 due_chords: Final = (
+    sa.select(chords.c.group_id)
+    .where(chords.c.fired_at.is_(None), chords.c.created_at < P("before"), _all_parts_done)
+    .order_by(chords.c.group_id)
+    .limit(P("limit"))
+)
+
+#: Of the chords named (``group_ids``) or holding one of the parts named (``task_ids``),
+#: those not fired whose parts all have results, as a fresh snapshot sees them after a
+#: COMMIT: a chord and its last result written by two batches at once, each counting
+#: before the other committed, are both in it once the later of the two committed.
+settled_chords: Final = (
     sa.select(chords.c.group_id)
     .where(
         chords.c.fired_at.is_(None),
-        chords.c.created_at < P("before"),
-        chords.c.size
-        <= sa.select(sa.func.count())
-        .select_from(parts.join(results, results.c.task_id == parts.c.task_id))
-        .where(parts.c.group_id == chords.c.group_id, results.c.status.in_(READY_STATES))
-        .scalar_subquery(),
+        sa.or_(
+            chords.c.group_id.in_(P("group_ids", expanding=True)),
+            chords.c.group_id.in_(
+                sa.select(parts.c.group_id).where(
+                    parts.c.task_id.in_(P("task_ids", expanding=True))
+                )
+            ),
+        ),
+        _all_parts_done,
     )
     .order_by(chords.c.group_id)
-    .limit(P("limit"))
 )
 
 #: Chords fired a while ago whose body the firing process never said it sent.
