@@ -103,6 +103,25 @@ def test_a_chain_is_one_run_of_linked_steps(shop: ModuleType, worker: Worker) ->
     assert steps["ship"].rpc_name == "shop.ship"
 
 
+def test_a_chain_sent_on_its_own_is_a_run_under_its_result_id_ending_in_its_last_link(
+    shop: ModuleType, worker: Worker
+) -> None:
+    """``.delay()`` of a chain returns its last link's result: the run is found under that id
+    and outputs that result, whatever its first link returned."""
+    result = chain(shop.add.s(1, 2), shop.add.s(10), shop.add.s(100)).delay()
+    assert result.get(timeout=30) == 113
+    run = worker.wait_for_run(result.id)
+    assert (run.workflow, run.status, run.output) == ("shop.add", "completed", 113)
+    worker.wait_for_history(
+        result.id, [("add", 1, "succeeded"), ("add#2", 1, "succeeded"), ("add#3", 1, "succeeded")]
+    )
+    steps = {s.step_name: s for s in worker.store.list_step_states(result.id)}
+    assert [steps[name].result for name in ("add", "add#2", "add#3")] == [3, 13, 113]
+    assert steps["add#3"].step_id == result.id
+    assert steps["add#2"].from_step_name == "add"
+    assert steps["add#3"].from_step_name == "add#2"
+
+
 def test_a_group_and_a_chord_are_runs(shop: ModuleType, worker: Worker) -> None:
     group_run = shop.pikku.run(group(shop.add.s(1, 1), shop.add.s(2, 2)), name="adds")
     chord_run = shop.pikku.run(
