@@ -217,8 +217,10 @@ class PikkuBackend(BaseBackend):
         self.ensure_chords_allowed()
         header = self.app.GroupResult(*header_result_args)
         group_id, parts = str(header.id), chord_parts(header)
-        encoded = ensure_bytes(self.encode(body))
         pikku = installed_on(self.app)
+        if pikku is not None:  # a group replacing the running step: its body carries it on
+            replace.follow_chord_body(body, pikku.selection.step_name)
+        encoded = ensure_bytes(self.encode(body))
         if pikku is None:
             self.store.results.apply_chord(group_id, parts, encoded)
         else:

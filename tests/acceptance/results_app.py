@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from celery import Celery
+from celery import Celery, group
 
 from pikku_celery import PikkuCelery
 
@@ -121,3 +121,10 @@ def failed_part(task_id: str) -> str:
 @pikku.step(name="results.sum_step", shared=False)
 def sum_step(values: list[int]) -> int:
     return sum(values)
+
+
+@pikku.step(name="results.add_to_all", bind=True, shared=False)
+def add_to_all(self: Any, nums: list[int], val: int) -> None:
+    """``Task.replace`` with a group: Celery makes it a chord whose ``celery.accumulate``
+    body takes over this task's id, and this backend sends that body itself."""
+    raise self.replace(group(add.s(n, val) for n in nums))
