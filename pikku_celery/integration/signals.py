@@ -410,6 +410,16 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
     )
 
 
+def _declared_delay(reason: Any) -> float | None:
+    """The countdown a retry was given (``retry(countdown=...)``, autoretry's backoff, or the
+    task's ``default_retry_delay``, which Celery puts in when none is given), as declared:
+    the difference between its ETA and its publish also counts whatever ran in between."""
+    when = reason.when if isinstance(reason, Retry) else None
+    if isinstance(when, bool) or not isinstance(when, int | float):
+        return None
+    return max(float(when), 0.0)
+
+
 @_isolated
 def task_retry(
     sender: Any = None, request: Any = None, reason: Any = None, einfo: Any = None, **_: Any
@@ -433,7 +443,9 @@ def task_retry(
     at = getattr(request, _RETRY_AT, None)
     due = _eta(when)
     # This retry's delay, and the task's max_retries: what the step gets from now on.
-    delay = None if due is None or at is None else max(due.timestamp() - at, 0.0)
+    delay = _declared_delay(reason)
+    if delay is None and due is not None and at is not None:
+        delay = max(due.timestamp() - at, 0.0)  # an ETA given to retry(): a moment, not a delay
     pikku.mirror.retried(
         str(request.id),
         attempt,
