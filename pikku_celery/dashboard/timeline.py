@@ -69,16 +69,17 @@ def lost_at(attempt: StepAttempt) -> dt.datetime | None:
 
 
 def _end(attempt: StepAttempt, now: dt.datetime) -> dt.datetime:
+    gone = lost_at(attempt)
+    if gone is not None:
+        # Nothing ran it after that (its end time, once given up, is when the reaper gave
+        # up on it), so the bar must not grow with the clock; the reaper's clock may be
+        # behind the worker's, hence the floor.
+        return max(gone, attempt.running_at or _start(attempt))
     if attempt.ended_at is not None:
         return attempt.ended_at
     if attempt.status in _SETTLED:
         # An outcome without its time (an older writer): the last time known.
         return attempt.running_at or _start(attempt)
-    gone = lost_at(attempt)
-    if gone is not None:
-        # Nothing runs it after that, so the bar must not grow with the clock; the
-        # reaper's clock may be behind the worker's, hence the floor.
-        return max(gone, attempt.running_at or _start(attempt))
     return max(now, _start(attempt))
 
 
