@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import time
@@ -184,12 +185,16 @@ def test_sigkill_of_the_pool_child_is_a_redelivery_of_the_same_attempt(
     assert starts, worker.log.read_text()[-3000:]
     child = int(starts[0].split()[-1])
     os.kill(child, signal.SIGKILL)
+    killed_at = dt.datetime.now(dt.timezone.utc)
     run = worker.wait_for_run(result.id, timeout=60)
     assert (run.status, run.output) == ("completed", "slow done")
     [attempt] = worker.store.get_run_history(result.id)
     assert (attempt.attempt, attempt.status) == (1, "succeeded")
     assert attempt.delivery_count == 2
     assert attempt.pid != child
+    # The attempt says where and since when its last delivery ran: what it took is the
+    # execution that ended it, not the killed one too.
+    assert attempt.running_at is not None and attempt.running_at > killed_at
     assert len([line for line in worker.journal_lines() if line.startswith("slow start")]) == 2
 
 
