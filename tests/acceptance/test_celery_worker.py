@@ -8,10 +8,12 @@ import signal
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+import pytest
 from celery import chain, chord, group
 
-from tests.acceptance.conftest import Worker, history_of, wait_until, worker_running
+from tests.acceptance.conftest import BROKERS, QUEUE, Worker, history_of, wait_until, worker_running
 
 
 def test_a_lone_task_is_a_run_of_its_own(shop: ModuleType, worker: Worker) -> None:
@@ -214,25 +216,37 @@ def test_a_revoked_task_cancels_its_step_and_run(shop: ModuleType, worker: Worke
     assert worker.store.get_step_state(result.id, "slow").status == "cancelled"
 
 
+@pytest.mark.parametrize("broker", list(BROKERS))
 def test_a_retry_delay_is_stored_as_declared_whatever_runs_before_the_publish(
-    shop: ModuleType, tmp_path: Path
+    shop: ModuleType, tmp_path: Path, broker: str
 ) -> None:
     """A tracing hook of the user's that takes 20 ms on each publish runs between Celery
     computing the retry's ETA and its message going out: the delay is still the one the
     task declared (``retry_delay="1s"``) or gave ``retry()`` (``countdown=0.1``)."""
     env = {"SHOP_PUBLISH_HOOK_MS": "20"}
-    with worker_running(shop, "redis", tmp_path, extra_env=env) as worker:
-        declared = shop.retry_declared.delay()
-        countdown = shop.retry_countdown.delay()
-        assert (declared.get(timeout=30), countdown.get(timeout=30)) == (1, 1)
-        for result, name, delay in (
-            (declared, "retry_declared", "1s"),
-            (countdown, "retry_countdown", "100ms"),
-        ):
-            assert worker.wait_for_run(result.id).status == "completed"
-            worker.wait_for_history(result.id, [(name, 1, "failed"), (name, 2, "succeeded")])
-            assert worker.store.get_step_state(result.id, name).retry_delay == delay
-            first, second = worker.store.get_run_history(result.id)
-            # The next attempt is still due when its message says.
-            assert first.failed_at is not None and second.eta is not None
-            assert second.eta > first.failed_at
+    # A queue of its own: the module's workers, without the hook, must not take the tasks.
+    queue = f"{QUEUE}-hooked"
+    previous = shop.app.conf.broker_url
+    try:
+        with worker_running(shop, broker, tmp_path, extra_env=env, queues=queue) as worker:
+            declared = shop.retry_declared.apply_async(queue=queue)
+            countdown = shop.retry_countdown.apply_async(queue=queue)
+            assert (declared.get(timeout=30), countdown.get(timeout=30)) == (1, 1)
+            _check_declared_delays(worker, declared, countdown)
+    finally:  # the module's workers' broker again, for the tests after this one
+        shop.app.conf.broker_url = previous
+        shop.app._after_fork()
+
+
+def _check_declared_delays(worker: Worker, declared: Any, countdown: Any) -> None:
+    for result, name, delay in (
+        (declared, "retry_declared", "1s"),
+        (countdown, "retry_countdown", "100ms"),
+    ):
+        assert worker.wait_for_run(result.id).status == "completed"
+        worker.wait_for_history(result.id, [(name, 1, "failed"), (name, 2, "succeeded")])
+        assert worker.store.get_step_state(result.id, name).retry_delay == delay
+        first, second = worker.store.get_run_history(result.id)
+        # The next attempt is still due when its message says.
+        assert first.failed_at is not None and second.eta is not None
+        assert second.eta > first.failed_at
