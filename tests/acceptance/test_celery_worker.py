@@ -126,6 +126,20 @@ def test_a_chain_sent_on_its_own_is_a_run_under_its_result_id_ending_in_its_last
     assert steps["add#3"].from_step_name == "add#2"
 
 
+def test_a_chain_sent_on_its_own_ending_in_a_chord_outputs_the_chords_body(
+    shop: ModuleType, worker: Worker
+) -> None:
+    result = chain(
+        shop.add.s(1, 1), chord([shop.add.s(10), shop.add.s(20)], shop.total.s())
+    ).delay()
+    assert result.get(timeout=30) == 34
+    run = worker.wait_for_run(result.id)
+    assert (run.status, run.output) == ("completed", 34)
+    steps = {s.step_name: s for s in worker.store.list_step_states(result.id)}
+    assert set(steps) == {"add", "add#2", "add#3", "total"}
+    assert steps["total"].step_id == result.id
+
+
 def test_a_group_and_a_chord_are_runs(shop: ModuleType, worker: Worker) -> None:
     group_run = shop.pikku.run(group(shop.add.s(1, 1), shop.add.s(2, 2)), name="adds")
     chord_run = shop.pikku.run(
