@@ -3,8 +3,9 @@
 One row per attempt. A thin bar spans the wait from being scheduled to
 starting, a thick bar the run from starting to its outcome (to now while it
 still runs; to when the reaper found it gone for a lost one), colored by
-status. Every text is escaped here, since the SVG is put into the page as
-markup.
+status. A redelivered attempt starts at its last delivery, marked by a line: the
+wait before it holds the deliveries cut short. Every text is escaped here, since
+the SVG is put into the page as markup.
 """
 
 from __future__ import annotations
@@ -69,16 +70,17 @@ def lost_at(attempt: StepAttempt) -> dt.datetime | None:
 
 
 def _end(attempt: StepAttempt, now: dt.datetime) -> dt.datetime:
+    gone = lost_at(attempt)
+    if gone is not None:
+        # Nothing ran it after that (its end time, once given up, is when the reaper gave
+        # up on it), so the bar must not grow with the clock; the reaper's clock may be
+        # behind the worker's, hence the floor.
+        return max(gone, attempt.running_at or _start(attempt))
     if attempt.ended_at is not None:
         return attempt.ended_at
     if attempt.status in _SETTLED:
         # An outcome without its time (an older writer): the last time known.
         return attempt.running_at or _start(attempt)
-    gone = lost_at(attempt)
-    if gone is not None:
-        # Nothing runs it after that, so the bar must not grow with the clock; the
-        # reaper's clock may be behind the worker's, hence the floor.
-        return max(gone, attempt.running_at or _start(attempt))
     return max(now, _start(attempt))
 
 
@@ -89,6 +91,12 @@ def _tooltip(attempt: StepAttempt, now: dt.datetime) -> str:
     ]
     if attempt.eta is not None:
         lines.append(f"eta {_clock(attempt.eta)}")
+    if attempt.delivery_count > 1:
+        # The start is the last delivery's: the ones before it ran on a worker that died.
+        lines.append(
+            f"redelivered: delivered {attempt.delivery_count} times, the earlier deliveries "
+            "cut short (their worker died); times below are the last delivery's"
+        )
     lines.append(f"running {_clock(attempt.running_at)}")
     gone = lost_at(attempt)
     if gone is not None:
@@ -173,6 +181,13 @@ def _row(
         parts.append(
             f'<line class="eta" x1="{at:.1f}" y1="{mid - 7:.1f}" x2="{at:.1f}" '
             f'y2="{mid + 7:.1f}" stroke="#888" stroke-dasharray="2,2"/>'
+        )
+    if attempt.running_at is not None and attempt.delivery_count > 1:
+        # Where the redelivery began: the wait before it holds the killed executions.
+        at = x(attempt.running_at)
+        parts.append(
+            f'<line class="redelivery" x1="{at:.1f}" y1="{mid - 10:.1f}" x2="{at:.1f}" '
+            f'y2="{mid + 10:.1f}" stroke="{STATUS_COLORS["lost"]}" stroke-width="2"/>'
         )
     if attempt.running_at is not None:
         r0, r1 = x(attempt.running_at), x(_end(attempt, now))

@@ -245,6 +245,9 @@ class PikkuBackend(BaseBackend):
     def _kept_body(self, body: Any, shape: Any | None) -> bytes:
         """The body as the chord keeps it, with what its sending needs and the header
         tasks do not carry."""
+        pikku = installed_on(self.app)
+        if pikku is not None:  # a group replacing the running step: its body carries it on
+            replace.follow_chord_body(body, pikku.selection.step_name)
         kept: dict[str, Any] = {}
         if shape is not None:
             kept[SHAPE_OPTION] = shape

@@ -14,8 +14,10 @@ over to it, never as lost.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
+
+from celery import current_task
 
 from pikku_celery.integration import headers as h
 
@@ -23,6 +25,7 @@ __all__ = [
     "REPLACED_BY",
     "attempt_of",
     "continued_attempt",
+    "follow_chord_body",
     "hand_over",
     "is_replacement",
     "successor_headers",
@@ -88,6 +91,26 @@ def hand_over(step_id: str, headers: dict[str, Any], body: Any, marks: Mapping[s
         headers.update(marks)
         return str(headers.get("task") or "")
     return _mark(body, step_id, marks, 0)
+
+
+def follow_chord_body(body: Any, step_name_of: Callable[[Any], str | None]) -> None:
+    """A chord kept by a result backend that sends its body itself (no ``chord_unlock``
+    from inside a header task): when the running step is being replaced by a group, the
+    body Celery gave the step's id is marked before the chord is kept, so the body sent
+    later carries the step on. ``step_name_of``: the app's selection of steps."""
+    task = current_task._get_current_object() if current_task else None  # type: ignore[attr-defined]
+    request = getattr(task, "request", None)
+    step_id = getattr(request, "id", None)
+    if request is None or step_id is None:
+        return
+    step_name = h.from_request(request, h.STEP_NAME) or step_name_of(task)
+    if step_name is None:
+        return  # a task the mirror leaves alone
+    run_id = h.from_request(request, h.RUN_ID) or str(step_id)
+    marks = successor_headers(request, run_id, str(step_name))
+    taken_by = _mark(body, str(step_id), marks, 0)
+    if taken_by and not getattr(request, REPLACED_BY, None):
+        setattr(request, REPLACED_BY, taken_by)
 
 
 def _mark(value: Any, step_id: str, marks: Mapping[str, Any], depth: int) -> str:

@@ -244,6 +244,25 @@ def _chord_body(body: Any) -> str | None:
     return _awaited_body(embed.get("chord") if isinstance(embed, dict) else None)
 
 
+def _chain_result_id(body: Any) -> str | None:
+    """The id of the result a chain's ``apply_async`` returns, when this message is the
+    chain's first link: its last link's task id (a chord's body's, for a chord at its end).
+
+    Protocol 2 embeds the links still to come, last first. A task sent from inside a
+    task is no link of it: it joins that task's run and never gets here."""
+    embed = body[2] if isinstance(body, list | tuple) and len(body) >= 3 else None
+    links = embed.get("chain") if isinstance(embed, dict) else None
+    last = links[0] if isinstance(links, list | tuple) and links else None
+    for _ in range(_NESTING):
+        if not (isinstance(last, dict) and last.get("subtask_type") == "chord"):
+            break
+        kwargs = last.get("kwargs")
+        last = kwargs.get("body") if isinstance(kwargs, dict) else None
+    options = last.get("options") if isinstance(last, dict) else None
+    task_id = options.get("task_id") if isinstance(options, dict) else None
+    return str(task_id) if task_id else None
+
+
 def _bodies_of_request(request: Any) -> tuple[str, ...]:
     """The chord bodies a task's failure means Celery will not send: its own chord's, and
     those of the chain links after it that Celery fails with it (a chain in a chord's
@@ -328,8 +347,11 @@ def before_task_publish(
         (properties or {}).get(h.STEP_NAME) or headers.get(h.STEP_NAME) or mirrored.step_name
     )
     data = _call_data(args, kwargs)
-    if context is None:  # a lone task is a run of its own, under its own task id
-        run_id, parent, new_run = step_id, None, NewRun(task.name, data, {"type": "task"})
+    if context is None:
+        # A lone task is a run of its own, under its own task id; a chain's first link
+        # starts its chain's run, under the id the chain's result has (its last link's).
+        run_id = _chain_result_id(body) or step_id
+        parent, new_run = None, NewRun(task.name, data, {"type": "task"})
     else:
         run_id, parent, new_run = context.run_id, context.parent_step_id, None
     retries, retry_delay = retry_policy(task)
@@ -388,6 +410,16 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
     )
 
 
+def _declared_delay(reason: Any) -> float | None:
+    """The countdown a retry was given (``retry(countdown=...)``, autoretry's backoff, or the
+    task's ``default_retry_delay``, which Celery puts in when none is given), as declared:
+    the difference between its ETA and its publish also counts whatever ran in between."""
+    when = reason.when if isinstance(reason, Retry) else None
+    if isinstance(when, bool) or not isinstance(when, int | float):
+        return None
+    return max(float(when), 0.0)
+
+
 @_isolated
 def task_retry(
     sender: Any = None, request: Any = None, reason: Any = None, einfo: Any = None, **_: Any
@@ -411,7 +443,9 @@ def task_retry(
     at = getattr(request, _RETRY_AT, None)
     due = _eta(when)
     # This retry's delay, and the task's max_retries: what the step gets from now on.
-    delay = None if due is None or at is None else max(due.timestamp() - at, 0.0)
+    delay = _declared_delay(reason)
+    if delay is None and due is not None and at is not None:
+        delay = max(due.timestamp() - at, 0.0)  # an ETA given to retry(): a moment, not a delay
     pikku.mirror.retried(
         str(request.id),
         attempt,

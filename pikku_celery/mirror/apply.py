@@ -197,9 +197,14 @@ class _Planner:
             self.adopt(event, adoption)
         row = self.attempt(event.step_id, event.attempt)
         row.move("running", event.at)
-        if row.running_at is None:
+        row.task_id = event.step_id
+        # Two deliveries in one batch (a killed one's journal adopted with its redelivery's
+        # events): the row says where and since when the later one ran, as SQL's guard does.
+        first = row.running_at is None
+        if first or event.at >= (row.running_at or 0.0) or not event.delivery:
+            row.worker, row.pid = event.worker or row.worker, event.pid
+        if first or (event.delivery and event.at > (row.running_at or 0.0)):
             row.running_at = event.at
-        row.task_id, row.worker, row.pid = event.step_id, event.worker or row.worker, event.pid
         row.reason = row.reason or ("first" if event.attempt == 1 else "retry")
         if event.delivery and event.id not in row.delivery_ids:  # one event is one delivery
             row.delivery_ids.append(event.id)

@@ -129,7 +129,8 @@ class Reaping:
         settle_run: bool,
         conn: sa.Connection | None = None,
     ) -> bool:
-        """Nothing will redeliver lost attempt K: schedule K+1 (``retry``) or fail the step.
+        """Nothing will redeliver lost attempt K: it ends (``failed_at``, still ``lost``), and
+        K+1 is scheduled (``retry``) or the step fails.
 
         True if this call did it; the caller then publishes attempt K+1, or
         lets the run's owner react to the failure. With ``settle_run`` the run
@@ -141,6 +142,8 @@ class Reaping:
         with self._db.write(conn) as c:
             if c.execute(sql.reap.give_up_step, params).rowcount == 0:
                 return False
+            # Ended in the transaction that adds the next attempt: never two open at once.
+            c.execute(sql.reap.give_up_attempt, params)
             if retry:
                 self._attempts.record_attempt(
                     step_id,

@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from celery import Celery
+from celery import Celery, group
 
 from pikku_celery import PikkuCelery
 
@@ -164,3 +164,10 @@ def fail() -> None:
 @app.task(name="results.echo", shared=False)
 def echo(message: str) -> str:
     return message
+
+
+@pikku.step(name="results.add_to_all", bind=True, shared=False)
+def add_to_all(self: Any, nums: list[int], val: int) -> None:
+    """``Task.replace`` with a group: Celery makes it a chord whose ``celery.accumulate``
+    body takes over this task's id, and this backend sends that body itself."""
+    raise self.replace(group(add.s(n, val) for n in nums))

@@ -47,6 +47,16 @@ if os.environ.get("SHOP_REAPER_INTERVAL"):
     app.conf.pikku_reaper_interval = float(os.environ["SHOP_REAPER_INTERVAL"])
 if os.environ.get("SHOP_CLAIM_GRACE"):
     app.conf.pikku_reaper_options = {"claim_grace": float(os.environ["SHOP_CLAIM_GRACE"])}
+
+
+# SHOP_PUBLISH_HOOK_MS: a tracing hook of the user's own that takes a few milliseconds on
+# every publish (connected before pikku-celery's handlers, so it runs before them).
+def _slow_publish_hook(**_: Any) -> None:
+    time.sleep(float(os.environ["SHOP_PUBLISH_HOOK_MS"]) / 1000)
+
+
+if os.environ.get("SHOP_PUBLISH_HOOK_MS"):
+    signals.before_task_publish.connect(_slow_publish_hook, weak=False)
 pikku = PikkuCelery(app, database_url=os.environ.get("SHOP_DATABASE_URL"))
 
 
@@ -480,3 +490,19 @@ def _marked(label: str) -> bool:
 @pikku.workflow("keyed-payment")
 def keyed_payment(ctx: Any, tag: str) -> str:
     return str(ctx.do("pay", keyed, tag))
+
+
+@pikku.step(name="shop.retry_declared", bind=True, retries=1, retry_delay="1s")
+def retry_declared(self: Any) -> int:
+    """Retried once by autoretry after its declared delay."""
+    if not self.request.retries:
+        raise ConnectionError("the gateway is busy")
+    return int(self.request.retries)
+
+
+@pikku.step(name="shop.retry_countdown", bind=True, max_retries=1)
+def retry_countdown(self: Any) -> int:
+    """Retries itself once with the countdown it gives ``retry()``."""
+    if not self.request.retries:
+        raise self.retry(exc=ConnectionError("the gateway is busy"), countdown=0.1)
+    return int(self.request.retries)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import time
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+import pytest
 from celery import chain, chord, group
 
-from tests.acceptance.conftest import Worker, history_of, wait_until
+from tests.acceptance.conftest import BROKERS, QUEUE, Worker, history_of, wait_until, worker_running
 
 
 def test_a_lone_task_is_a_run_of_its_own(shop: ModuleType, worker: Worker) -> None:
@@ -103,6 +107,39 @@ def test_a_chain_is_one_run_of_linked_steps(shop: ModuleType, worker: Worker) ->
     assert steps["ship"].rpc_name == "shop.ship"
 
 
+def test_a_chain_sent_on_its_own_is_a_run_under_its_result_id_ending_in_its_last_link(
+    shop: ModuleType, worker: Worker
+) -> None:
+    """``.delay()`` of a chain returns its last link's result: the run is found under that id
+    and outputs that result, whatever its first link returned."""
+    result = chain(shop.add.s(1, 2), shop.add.s(10), shop.add.s(100)).delay()
+    assert result.get(timeout=30) == 113
+    run = worker.wait_for_run(result.id)
+    assert (run.workflow, run.status, run.output) == ("shop.add", "completed", 113)
+    worker.wait_for_history(
+        result.id, [("add", 1, "succeeded"), ("add#2", 1, "succeeded"), ("add#3", 1, "succeeded")]
+    )
+    steps = {s.step_name: s for s in worker.store.list_step_states(result.id)}
+    assert [steps[name].result for name in ("add", "add#2", "add#3")] == [3, 13, 113]
+    assert steps["add#3"].step_id == result.id
+    assert steps["add#2"].from_step_name == "add"
+    assert steps["add#3"].from_step_name == "add#2"
+
+
+def test_a_chain_sent_on_its_own_ending_in_a_chord_outputs_the_chords_body(
+    shop: ModuleType, worker: Worker
+) -> None:
+    result = chain(
+        shop.add.s(1, 1), chord([shop.add.s(10), shop.add.s(20)], shop.total.s())
+    ).delay()
+    assert result.get(timeout=30) == 34
+    run = worker.wait_for_run(result.id)
+    assert (run.status, run.output) == ("completed", 34)
+    steps = {s.step_name: s for s in worker.store.list_step_states(result.id)}
+    assert set(steps) == {"add", "add#2", "add#3", "total"}
+    assert steps["total"].step_id == result.id
+
+
 def test_a_group_and_a_chord_are_runs(shop: ModuleType, worker: Worker) -> None:
     group_run = shop.pikku.run(group(shop.add.s(1, 1), shop.add.s(2, 2)), name="adds")
     chord_run = shop.pikku.run(
@@ -164,12 +201,16 @@ def test_sigkill_of_the_pool_child_is_a_redelivery_of_the_same_attempt(
     assert starts, worker.log.read_text()[-3000:]
     child = int(starts[0].split()[-1])
     os.kill(child, signal.SIGKILL)
+    killed_at = dt.datetime.now(dt.timezone.utc)
     run = worker.wait_for_run(result.id, timeout=60)
     assert (run.status, run.output) == ("completed", "slow done")
     [attempt] = worker.store.get_run_history(result.id)
     assert (attempt.attempt, attempt.status) == (1, "succeeded")
     assert attempt.delivery_count == 2
     assert attempt.pid != child
+    # The attempt says where and since when its last delivery ran: what it took is the
+    # execution that ended it, not the killed one too.
+    assert attempt.running_at is not None and attempt.running_at > killed_at
     assert len([line for line in worker.journal_lines() if line.startswith("slow start")]) == 2
 
 
@@ -187,3 +228,39 @@ def test_a_revoked_task_cancels_its_step_and_run(shop: ModuleType, worker: Worke
     [attempt] = worker.store.get_run_history(result.id)
     assert attempt.status == "cancelled"
     assert worker.store.get_step_state(result.id, "slow").status == "cancelled"
+
+
+@pytest.mark.parametrize("broker", list(BROKERS))
+def test_a_retry_delay_is_stored_as_declared_whatever_runs_before_the_publish(
+    shop: ModuleType, tmp_path: Path, broker: str
+) -> None:
+    """A tracing hook of the user's that takes 20 ms on each publish runs between Celery
+    computing the retry's ETA and its message going out: the delay is still the one the
+    task declared (``retry_delay="1s"``) or gave ``retry()`` (``countdown=0.1``)."""
+    env = {"SHOP_PUBLISH_HOOK_MS": "20"}
+    # A queue of its own: the module's workers, without the hook, must not take the tasks.
+    queue = f"{QUEUE}-hooked"
+    previous = shop.app.conf.broker_url
+    try:
+        with worker_running(shop, broker, tmp_path, extra_env=env, queues=queue) as worker:
+            declared = shop.retry_declared.apply_async(queue=queue)
+            countdown = shop.retry_countdown.apply_async(queue=queue)
+            assert (declared.get(timeout=30), countdown.get(timeout=30)) == (1, 1)
+            _check_declared_delays(worker, declared, countdown)
+    finally:  # the module's workers' broker again, for the tests after this one
+        shop.app.conf.broker_url = previous
+        shop.app._after_fork()
+
+
+def _check_declared_delays(worker: Worker, declared: Any, countdown: Any) -> None:
+    for result, name, delay in (
+        (declared, "retry_declared", "1s"),
+        (countdown, "retry_countdown", "100ms"),
+    ):
+        assert worker.wait_for_run(result.id).status == "completed"
+        worker.wait_for_history(result.id, [(name, 1, "failed"), (name, 2, "succeeded")])
+        assert worker.store.get_step_state(result.id, name).retry_delay == delay
+        first, second = worker.store.get_run_history(result.id)
+        # The next attempt is still due when its message says.
+        assert first.failed_at is not None and second.eta is not None
+        assert second.eta > first.failed_at

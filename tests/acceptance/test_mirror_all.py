@@ -115,6 +115,17 @@ def test_a_chain_of_plain_tasks_is_one_run_of_linked_steps(
     assert [steps[name].result for name in ("add", "double", "add#2")] == [3, 6, 16]
 
 
+def test_a_chain_of_plain_tasks_sent_on_its_own_outputs_its_last_links_result(
+    plain: ModuleType, worker: Worker
+) -> None:
+    result = (plain.add.s(1, 2) | plain.double.s()).delay()
+    assert result.get(timeout=30) == 6
+    run = worker.wait_for_run(result.id)
+    assert (run.workflow, run.status, run.output) == ("plain.add", "completed", 6)
+    steps = {s.step_name: s.result for s in worker.store.list_step_states(result.id)}
+    assert steps == {"add": 3, "double": 6}
+
+
 def test_a_chord_of_plain_tasks_is_one_run(plain: ModuleType, worker: Worker) -> None:
     run_id = plain.pikku.run(
         chord([plain.add.s(1, 1), plain.add.s(2, 2)], plain.total.s()), name="totals"

@@ -115,6 +115,9 @@ def test_a_task_acked_on_receipt_and_lost_with_its_whole_worker_is_retried_once(
         assert lost.error["worker"] == lost.worker and lost.error["redelivery_expected"] is False
         assert "does not answer" in lost.error["message"]
         assert (retry.reason, retry.delivery_count) == ("lost", 1)
+        # Given up before the retry was added: the lost attempt ended, then the next began.
+        assert lost.failed_at is not None and retry.created_at is not None
+        assert lost.failed_at < retry.created_at
         assert _starts(second, "lose_once") == 2  # the killed one and the retry, nothing more
 
 

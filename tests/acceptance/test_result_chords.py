@@ -320,3 +320,35 @@ def test_an_errback_runs_once_for_a_chord_in_a_chord_whose_header_failed(
     errbacks = [line for line in log.splitlines() if "results.echo[" in line]
     received = [line for line in errbacks if line.endswith("received")]
     assert len([line for line in received if after_id not in line]) == 1
+
+
+def test_a_step_replaced_by_a_group_ends_with_the_group_and_so_does_its_run(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    """The body this backend sends for the replacement's chord carries the replaced step on:
+    the step is not left ``running`` with its result in SQL, nor its run held open."""
+    app, worker = results
+    result = app.add_to_all.delay([1, 2, 3], 10)
+    assert result.get(timeout=60) == [11, 12, 13]
+    run = worker.wait_for_run(result.id, timeout=30)
+    assert (run.status, run.output) == ("completed", [11, 12, 13])
+    step = worker.store.get_step_state(result.id, "add_to_all")
+    assert (step.status, step.result, step.attempt_count) == ("succeeded", [11, 12, 13], 1)
+    [attempt] = [a for a in worker.store.get_run_history(result.id) if a.step_id == result.id]
+    assert (attempt.status, attempt.replaced_by) == ("succeeded", "celery.accumulate")
+    assert attempt.succeeded_at is not None
+
+
+def test_a_replaced_link_of_a_chain_hands_its_groups_results_to_the_next_link(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, worker = results
+    result = chain(app.add_to_all.s([1, 2], 1), app.sum_step.s()).delay()
+    assert result.get(timeout=60) == 5
+    run = worker.wait_for_run(result.id, timeout=30)
+    assert (run.status, run.output) == ("completed", 5)
+    steps = {s.step_name: s for s in worker.store.list_step_states(result.id)}
+    assert {name: s.status for name, s in steps.items()} == dict.fromkeys(
+        ("add_to_all", "add", "add#2", "sum_step"), "succeeded"
+    )
+    assert steps["add_to_all"].result == [2, 3]

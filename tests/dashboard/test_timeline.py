@@ -131,3 +131,23 @@ def test_a_lost_time_before_the_start_leaves_a_mark_where_it_started() -> None:
     bar = root.find(f"{SVG}g[@data-status='lost']/{SVG}rect[@class='run status-lost']")
     assert bar is not None
     assert abs(float(bar.get("x", "0")) - 820) < 0.2 and float(bar.get("width", "0")) == 3.0
+
+
+def test_a_redelivered_attempt_is_marked_where_its_last_delivery_began() -> None:
+    redelivered = replace(
+        attempt(1, "succeeded", scheduled_at=at(0), running_at=at(6), succeeded_at=at(16)),
+        delivery_count=2,
+    )
+    once = replace(
+        attempt(2, "succeeded", scheduled_at=at(0), running_at=at(1), succeeded_at=at(11)),
+        delivery_count=1,
+    )
+    root = ET.fromstring(str(render_timeline([redelivered, once], now=at(60))))
+    first, second = root.findall(f"{SVG}g[@class='attempt']")
+    [mark] = first.findall(f"{SVG}line[@class='redelivery']")
+    [run] = first.findall(f"{SVG}rect[@class='run status-succeeded']")
+    assert mark.get("x1") == run.get("x")  # at the start of the run that ended it
+    tooltip = first.findtext(f"{SVG}title") or ""
+    assert "delivered 2 times" in tooltip and "took 10.0s" in tooltip
+    assert second.findall(f"{SVG}line[@class='redelivery']") == []
+    assert "redelivered" not in (second.findtext(f"{SVG}title") or "")

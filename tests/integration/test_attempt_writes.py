@@ -12,6 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from pikku_celery import RunNotFound, StepNotFound, WorkflowStore
+from pikku_celery.mirror.apply import Pending, plan
+from pikku_celery.mirror.events import AttemptStarted, AttemptSucceeded, StepPublished
 from pikku_celery.store.attempts import NewRun
 from tests.conftest import truncate
 from tests.support import transitions
@@ -262,3 +264,100 @@ def test_publishing_a_lone_task_is_one_write_on_postgres(pg_engine: sa.Engine) -
     assert (len(log), log.commits) == (2, 1)
     [attempt] = store.get_run_history(step_id)
     assert (attempt.step_name, attempt.status, attempt.reason) == ("charge", "scheduled", "first")
+
+
+def test_a_redelivery_moves_the_attempts_start_to_its_own_and_nothing_moves_it_back(
+    store: WorkflowStore,
+) -> None:
+    """The attempt row says where and since when its last delivery ran, so what it took is
+    the execution that ended it; a late start of a killed delivery, the task that took over
+    a replaced attempt, and a delivery after the outcome leave the start where it is."""
+    step_id = str(uuid.uuid4())
+    t = 1_800_000_000.0
+
+    def apply(*events: Any) -> Any:
+        store.batches.apply_batch(plan([Pending(n, e) for n, e in enumerate(events)]))
+        [row] = store.get_run_history(step_id)
+        return row
+
+    def started(n: int, at: float, *, delivery: bool = True) -> AttemptStarted:
+        return AttemptStarted(
+            id=f"{step_id}-d{n}",
+            at=at,
+            step_id=step_id,
+            attempt=1,
+            worker=f"w{n}",
+            pid=n,
+            delivery=delivery,
+        )
+
+    published = StepPublished(
+        id=f"{step_id}-p",
+        at=t,
+        step_id=step_id,
+        run_id=step_id,
+        step_name="slow",
+        rpc_name="shop.slow",
+        data_json='{"args":[],"kwargs":{}}',
+        new_run=("shop.slow", "{}", '{"type":"task"}'),
+    )
+    moment = dt.datetime.fromtimestamp
+    row = apply(published, started(1, t + 1))
+    assert (row.running_at, row.delivery_count) == (moment(t + 1, dt.timezone.utc), 1)
+    row = apply(started(2, t + 5))  # the message came back after its worker died
+    assert (row.running_at, row.delivery_count, row.worker) == (
+        moment(t + 5, dt.timezone.utc),
+        2,
+        "w2",
+    )
+    row = apply(started(1, t + 1), started(3, t + 7, delivery=False))
+    assert (row.running_at, row.delivery_count) == (moment(t + 5, dt.timezone.utc), 2)
+    succeeded = AttemptSucceeded(
+        id=f"{step_id}-s",
+        at=t + 15,
+        step_id=step_id,
+        attempt=1,
+        run_id=step_id,
+        result_json='"done"',
+    )
+    row = apply(succeeded)
+    assert row.duration == dt.timedelta(seconds=10)
+    row = apply(started(4, t + 20))  # delivered again after its outcome: counted only
+    assert (row.status, row.delivery_count, row.duration) == (
+        "succeeded",
+        3,
+        dt.timedelta(seconds=10),
+    )
+
+
+def test_two_deliveries_in_one_batch_start_the_attempt_at_the_later(
+    store: WorkflowStore,
+) -> None:
+    step_id = str(uuid.uuid4())
+    t = 1_800_000_000.0
+    events = [
+        StepPublished(
+            id=f"{step_id}-p",
+            at=t,
+            step_id=step_id,
+            run_id=step_id,
+            step_name="slow",
+            rpc_name="shop.slow",
+            data_json='{"args":[],"kwargs":{}}',
+            new_run=("shop.slow", "{}", '{"type":"task"}'),
+        ),
+        AttemptStarted(
+            id=f"{step_id}-d2", at=t + 5, step_id=step_id, attempt=1, worker="w2", pid=2
+        ),
+        AttemptStarted(
+            id=f"{step_id}-d1", at=t + 1, step_id=step_id, attempt=1, worker="w1", pid=1
+        ),
+    ]
+    store.batches.apply_batch(plan([Pending(n, e) for n, e in enumerate(events)]))
+    [row] = store.get_run_history(step_id)
+    assert (row.delivery_count, row.running_at, row.worker, row.pid) == (
+        2,
+        dt.datetime.fromtimestamp(t + 5, dt.timezone.utc),
+        "w2",
+        2,
+    )

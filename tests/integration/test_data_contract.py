@@ -438,22 +438,19 @@ def test_old_and_foreign_sqlite_forms_read_the_same_instant(tmp_path: Any) -> No
 
 
 def _newest_as_pikku_reads(attempts: list[Any]) -> int:
-    """The attempt Pikku's getRunStatus takes as a step's current one: a later attempt
-    counts only when it began strictly after the one before it was last touched, compared
-    as JavaScript Dates (milliseconds)."""
+    """The attempt Pikku's getRunStatus takes as a step's current one, folding the history in
+    order: a later attempt replaces the one held only when it was created strictly after the
+    held one completed (``succeededAt ?? failedAt``), compared as JavaScript Dates
+    (milliseconds). One that never completed is never replaced (``date > undefined`` is
+    false in JavaScript)."""
 
-    def ms(moment: dt.datetime | None) -> int:
-        return -1 if moment is None else int(moment.timestamp() * 1000)
+    def ms(moment: dt.datetime) -> int:
+        return int(moment.timestamp() * 1000)
 
     current = attempts[0]
     for attempt in attempts[1:]:
-        touched = max(
-            ms(current.created_at),
-            ms(current.running_at),
-            ms(current.succeeded_at),
-            ms(current.failed_at),
-        )
-        if ms(attempt.created_at) > touched:
+        completed = current.succeeded_at or current.failed_at
+        if completed is not None and ms(attempt.created_at) > ms(completed):
             current = attempt
     return int(current.attempt)
 
@@ -499,4 +496,6 @@ def test_a_lost_attempt_retried_shows_the_new_attempt_to_a_millisecond_reader(
     assert store.reaping.give_up_lost(run_id, step_id, 1, lost, retry=True, settle_run=True)
     history = store.get_run_history(run_id)
     assert [(a.attempt, a.status) for a in history] == [(1, "lost"), (2, "scheduled")]
+    # Given up: the lost attempt has ended, before the next one was created.
+    assert history[0].failed_at is not None and history[0].failed_at < history[1].created_at
     assert _newest_as_pikku_reads(history) == 2

@@ -76,6 +76,11 @@ def test_giving_up_with_retries_left_schedules_a_new_attempt_once(store: Workflo
         (1, "lost", "first"),
         (2, "scheduled", "lost"),
     ]
+    # The lost attempt ended as it was given up, before its successor began.
+    lost, following = history
+    assert lost.failed_at is not None and lost.failed_at < following.created_at
+    assert lost.error is not None and lost.error["type"] == LOST["type"]
+    assert following.failed_at is None
     step = store.get_step_state(run_id, "charge")
     assert (step.status, step.attempt_count, step.error) == ("scheduled", 2, None)
     assert store.get_run(run_id).status == "running"
@@ -91,6 +96,7 @@ def test_giving_up_for_good_fails_the_step_and_the_run(store: WorkflowStore) -> 
     assert (run.status, run.error and run.error["message"]) == ("failed", "gone")
     [attempt] = store.get_run_history(run_id)
     assert attempt.status == "lost"  # the history still says what happened
+    assert attempt.failed_at is not None  # and when it was given up
 
 
 def test_only_an_attempt_still_lost_is_given_up(store: WorkflowStore) -> None:

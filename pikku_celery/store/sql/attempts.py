@@ -357,6 +357,17 @@ def attempt_upsert(insert: Any, status: str) -> Insert:
     # outcome's time is only written with the outcome itself.
     for column in _STAMPS:
         updates[column] = sa.func.coalesce(history.c[column], excluded[column])
+    # A redelivery (a start counted as one more delivery, later than the one the row holds,
+    # of an attempt not ended yet) moves the start on, as it moves where the attempt ran:
+    # the row describes its last delivery, so what the attempt took is the execution that
+    # ends it, not the killed one before it too; ``delivery_count`` tells it was redelivered.
+    redelivered = sa.and_(
+        excluded.delivery_count > 0,
+        excluded.running_at > history.c.running_at,
+        history.c.succeeded_at.is_(None),
+        history.c.failed_at.is_(None),
+    )
+    updates["running_at"] = sa.case((redelivered, excluded.running_at), else_=updates["running_at"])
     if ended is not None:
         updates[ended] = sa.func.coalesce(history.c[ended], if_forward(ended))
     if status in _TERMINAL:

@@ -17,6 +17,7 @@ from pikku_celery.schema import workflow_step_history as history
 from pikku_celery.store.models import WAIT_RPC
 
 __all__ = [
+    "give_up_attempt",
     "give_up_step",
     "lose_attempt",
     "lose_step",
@@ -126,6 +127,20 @@ lose_step: Final = (
         steps.c.status == "running",
     )
     .values(status="lost", error=P("error"), updated_at=P("now"))
+)
+
+# The lost attempt is over once it is given up: it keeps saying it was lost, and gets its
+# end time, which is what tells a reader (Pikku's getRunStatus) that the attempt after it is
+# the current one.
+give_up_attempt: Final = (
+    sa.update(history)
+    .where(
+        history.c.workflow_step_id == P("step_id"),
+        history.c.attempt == P("attempt_no"),
+        history.c.status == "lost",
+        history.c.failed_at.is_(None),
+    )
+    .values(failed_at=P("now"), error=P("error"))
 )
 
 # lost -> failed for good; the attempt row keeps saying it was lost.
