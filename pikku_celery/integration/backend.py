@@ -17,20 +17,28 @@ Registered as the ``pikku`` entry point of ``celery.result_backends``.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
-from celery import states
+from celery import current_task, states
 from celery.backends.base import BaseBackend
 from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import result_from_tuple
 from kombu.exceptions import EncodeError
 from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
-from pikku_celery.errors import ConfigurationError, PayloadTooLarge, StepNotFound
+from pikku_celery.errors import (
+    ConfigurationError,
+    PayloadTooLarge,
+    SchemaNotCurrent,
+    StepNotFound,
+    StoreError,
+    Transient,
+)
 from pikku_celery.integration import replace
 from pikku_celery.integration.chords import chord_parts, fire_chords
 from pikku_celery.integration.installed import installed_on
@@ -51,9 +59,12 @@ __all__ = [
     "SCHEME",
     "PikkuBackend",
     "ResultTooLarge",
+    "executing",
     "expire_results",
     "take_stashed",
 ]
+
+logger = logging.getLogger(__name__)
 
 SCHEME: Final = "pikku"
 #: Results (and groups) deleted per statement when they expire: short transactions.
@@ -62,6 +73,9 @@ EXPIRE_BATCH: Final = 1000
 # attempt's own end: a reader never sees SUCCESS before SQL shows the attempt succeeded.
 _AFTER_THE_ATTEMPT: Final = frozenset({states.SUCCESS, states.FAILURE, states.RETRY})
 _STASH: Final = "pikku_result"
+# Set on a request by ``task_prerun``: its task's body runs in this process, and its
+# ``task_postrun`` (which journals the stash) follows.
+_EXECUTING: Final = "pikku_executing"
 # Waiting: look often at first (a task's end is in SQL within the flush lag), then
 # at most every ``interval`` Celery was given.
 _FIRST_LOOK: Final = 0.005
@@ -201,13 +215,39 @@ class PikkuBackend(BaseBackend):
         if pikku is None:
             # No journal in this process: one write now, and a chord it completes fires.
             self.fire_chords(self.store.results.write([row]))
-        elif state in _AFTER_THE_ATTEMPT and _running(request, task_id):
+        elif state in _AFTER_THE_ATTEMPT and _executing(request, task_id):
             setattr(request, _STASH, row)  # journaled by task_postrun, after the attempt
-        else:
+        elif _running(request, task_id) or current_task:
+            # With the events of that task or of the task running here (the worker's main
+            # process failing a rejected task, the later links of a failed chain): the
+            # journal, and no database round trip on a task's path.
             pikku.mirror.result_stored(
                 row.task_id, row.attempt, row.status, row.meta, row.date_done
             )
+        else:
+            self._write_now(pikku, row)
         return result
+
+    def _write_now(self, pikku: Any, row: ResultWrite) -> None:
+        """A state stored outside any task (another process playing a worker, a revoke,
+        a chord's error) has no attempt to wait behind: it is in SQL when ``store_result``
+        returns, so whoever reads next sees it. With the database away it is journaled
+        instead, written once it is back; the caller is not failed for it."""
+        try:
+            self.fire_chords(self.store.results.write([row]))
+        except StoreError as exc:
+            if not isinstance(exc, Transient | SchemaNotCurrent):
+                raise
+            logger.info(
+                "pikku-celery journals the %s state of task %s to write it later: %s",
+                row.status,
+                row.task_id,
+                exc,
+                extra={"action": "result_journaled", "task_id": row.task_id},
+            )
+            pikku.mirror.result_stored(
+                row.task_id, row.attempt, row.status, row.meta, row.date_done
+            )
 
     # --- chords, finished here (no celery.chord_unlock) ------------------------------
 
@@ -438,8 +478,17 @@ def expire_results(app: Any, store: WorkflowStore, limit: int = EXPIRE_BATCH) ->
     return store.results.expire(now() - keep, limit=limit)
 
 
+def executing(request: Any) -> None:
+    """``task_prerun``: the task of ``request`` runs its body in this process now, and its
+    ``task_postrun`` follows, to journal the result its end stores (:func:`take_stashed`)."""
+    if request is not None:
+        setattr(request, _EXECUTING, True)
+
+
 def take_stashed(request: Any) -> ResultWrite | None:
     """The result a task's end left on its request for the mirror, once (``task_postrun``)."""
+    if request is not None and getattr(request, _EXECUTING, False):
+        delattr(request, _EXECUTING)
     row = getattr(request, _STASH, None)
     if row is not None:
         delattr(request, _STASH)
@@ -447,8 +496,14 @@ def take_stashed(request: Any) -> ResultWrite | None:
 
 
 def _running(request: Any, task_id: str) -> bool:
-    """``request`` is the running task's own (its end's signals are still to come)."""
+    """``request`` is the task's own: the worker's main process and Celery's failure of a
+    chain's later links pass one too, with no ``task_postrun`` to follow."""
     return request is not None and str(getattr(request, "id", "")) == str(task_id)
+
+
+def _executing(request: Any, task_id: str) -> bool:
+    """``request`` is of the task whose body runs here (its end's signals are to come)."""
+    return _running(request, task_id) and bool(getattr(request, _EXECUTING, False))
 
 
 def _attempt(request: Any, task_id: str) -> int | None:

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import Reject
 
 from pikku_celery import PikkuCelery
 
@@ -121,3 +122,14 @@ def failed_part(task_id: str) -> str:
 @pikku.step(name="results.sum_step", shared=False)
 def sum_step(values: list[int]) -> int:
     return sum(values)
+
+
+@app.task(name="results.reject", shared=False)
+def reject() -> None:
+    """Rejects its message for good: Celery's main process stores the FAILURE."""
+    raise Reject("not for this queue", requeue=False)
+
+
+@app.task(name="results.identity", shared=False)
+def identity(value: Any) -> Any:
+    return value

@@ -181,3 +181,56 @@ def test_a_task_added_to_the_chord_by_a_header_task_is_in_the_bodys_results(
     sent: Any = chord([app.grow.s(3), app.add.s(1, 1)], app.total.s()).apply_async()
     assert sent.get(timeout=60) == 3 + 2 + 6  # the added add(3, 3) counted, last
     assert worker.log.read_text().count(f"results.total[{sent.id}] succeeded") == 1
+
+
+def test_a_chain_in_the_header_failing_before_its_last_task_fails_the_body(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # Celery stores the failure of the chain's later links, the last one a part of the chord:
+    # the chord fires, its body fails with ChordError and its errback runs.
+    app, _ = results
+    errback = app.failed_part.s()
+    errback_id = errback.freeze().id
+    failing = chain(app.identity.si(42), app.refuse.si("boots"), app.identity.si(42))
+    sent: Any = chord([failing, app.add.s(1, 1)], app.total.s().on_error(errback)).apply_async()
+    with pytest.raises((KeyError, ChordError), match="no boots"):
+        sent.get(timeout=30)
+    failed = app.app.AsyncResult(sent.id).get(timeout=30, propagate=False)
+    assert isinstance(failed, ChordError) and "boots" in str(failed)
+    assert app.app.AsyncResult(errback_id).get(timeout=30) == f"noted {sent.id}"
+
+
+def test_a_chain_in_the_body_failing_before_its_last_task_fails_the_chord(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, _ = results
+    failing = chain(app.identity.si(42), app.refuse.si("belts"), app.identity.si(42))
+    # The lone header task ends after its chord is in SQL: a chord and its last part
+    # committed at the same moment is another race, not this test's.
+    header = app.identity.si(42).set(countdown=0.5)
+    sent: Any = chord([header], failing).apply_async()
+    with pytest.raises(KeyError, match="no belts"):
+        sent.get(timeout=30)
+    assert isinstance(app.app.AsyncResult(sent.id).get(timeout=30, propagate=False), KeyError)
+
+
+def test_a_failed_task_in_a_nested_chain_of_the_header_fails_the_chord(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # Celery's test_chord_unlock_with_failed_task_in_nested_chain_member: the chain's failed
+    # first task must reach the body of the chord its group was uplifted to.
+    app, _ = results
+    nested = chain(
+        group(
+            app.identity.si(1),
+            chain(
+                app.refuse.si("hats"),
+                group(app.identity.si(2), app.identity.si(3)),
+                app.identity.si(4),
+            ),
+        ),
+        app.identity.s(),
+    )
+    sent: Any = nested.apply_async()
+    with pytest.raises((KeyError, ChordError), match="hats"):
+        sent.get(timeout=30)
