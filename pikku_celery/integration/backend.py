@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-from celery import states
+from celery import current_task, states
 from celery.backends.base import BaseBackend
 from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import result_from_tuple
@@ -32,7 +33,14 @@ from celery.utils.functional import _regen  # type: ignore[attr-defined]
 from kombu.exceptions import EncodeError
 from kombu.utils.encoding import bytes_to_str, ensure_bytes
 
-from pikku_celery.errors import ConfigurationError, PayloadTooLarge, StepNotFound
+from pikku_celery.errors import (
+    ConfigurationError,
+    PayloadTooLarge,
+    SchemaNotCurrent,
+    StepNotFound,
+    StoreError,
+    Transient,
+)
 from pikku_celery.integration import replace
 from pikku_celery.integration.chords import (
     SHAPE_OPTION,
@@ -59,9 +67,14 @@ __all__ = [
     "SCHEME",
     "PikkuBackend",
     "ResultTooLarge",
+    "executing",
     "expire_results",
     "take_stashed",
 ]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 SCHEME: Final = "pikku"
 #: Results (and groups) deleted per statement when they expire: short transactions.
@@ -70,6 +83,9 @@ EXPIRE_BATCH: Final = 1000
 # attempt's own end: a reader never sees SUCCESS before SQL shows the attempt succeeded.
 _AFTER_THE_ATTEMPT: Final = frozenset({states.SUCCESS, states.FAILURE, states.RETRY})
 _STASH: Final = "pikku_result"
+# Set on a request by ``task_prerun``: its task's body runs in this process, and its
+# ``task_postrun`` (which journals the stash) follows.
+_EXECUTING: Final = "pikku_executing"
 # Waiting: look often at first (a task's end is in SQL within the flush lag), then
 # at most every ``interval`` Celery was given.
 _FIRST_LOOK: Final = 0.005
@@ -77,6 +93,9 @@ _BRISK_FOR: Final = 10.0
 _BRISK_CAP: Final = 0.05
 # A reader that is told of results still looks this often (a lost notification).
 _TOLD_AT_LEAST: Final = 1.0
+# A reader whose database is away looks again after this long, doubling up to the most.
+_AWAY_FIRST: Final = 0.1
+_AWAY_MOST: Final = 2.0
 #: The app setting that turns the pushed wait off (``pikku_result_notify = False``).
 NOTIFY_SETTING: Final = "pikku_result_notify"
 
@@ -212,13 +231,39 @@ class PikkuBackend(BaseBackend):
         if pikku is None:
             # No journal in this process: one write now, and a chord it completes fires.
             self.fire_chords(self.store.results.write([row]))
-        elif state in _AFTER_THE_ATTEMPT and _running(request, task_id):
+        elif state in _AFTER_THE_ATTEMPT and _executing(request, task_id):
             setattr(request, _STASH, row)  # journaled by task_postrun, after the attempt
-        else:
+        elif _running(request, task_id) or current_task:
+            # With the events of that task or of the task running here (the worker's main
+            # process failing a rejected task, the later links of a failed chain): the
+            # journal, and no database round trip on a task's path.
             pikku.mirror.result_stored(
                 row.task_id, row.attempt, row.status, row.meta, row.date_done
             )
+        else:
+            self._write_now(pikku, row)
         return result
+
+    def _write_now(self, pikku: Any, row: ResultWrite) -> None:
+        """A state stored outside any task (another process playing a worker, a revoke,
+        a chord's error) has no attempt to wait behind: it is in SQL when ``store_result``
+        returns, so whoever reads next sees it. With the database away it is journaled
+        instead, written once it is back; the caller is not failed for it."""
+        try:
+            self.fire_chords(self.store.results.write([row]))
+        except StoreError as exc:
+            if not isinstance(exc, Transient | SchemaNotCurrent):
+                raise
+            logger.info(
+                "pikku-celery journals the %s state of task %s to write it later: %s",
+                row.status,
+                row.task_id,
+                exc,
+                extra={"action": "result_journaled", "task_id": row.task_id},
+            )
+            pikku.mirror.result_stored(
+                row.task_id, row.attempt, row.status, row.meta, row.date_done
+            )
 
     # --- chords, finished here (no celery.chord_unlock) ------------------------------
 
@@ -396,8 +441,10 @@ class PikkuBackend(BaseBackend):
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """What ``get_many`` yields once the cached results are out."""
         looks = 0
+        away = _Away()
         while waiting:
-            for task_id, stored in sorted(self.store.results.get_many(waiting).items()):
+            found = away.look(lambda: self.store.results.get_many(waiting))
+            for task_id, stored in sorted((found or {}).items()):
                 if stored.status not in READY_STATES:
                     continue
                 meta: dict[str, Any] = self.decode_result(stored.meta)
@@ -410,12 +457,14 @@ class PikkuBackend(BaseBackend):
             looks += 1
             if not waiting or (max_iterations and looks >= max_iterations):
                 return
-            nap = clock.nap(watch.pushes)
+            nap = away.nap(clock, watch.pushes)
             if nap is None:
-                raise CeleryTimeout(f"Operation timed out ({clock.timeout})")
-            if on_interval:
-                on_interval()
+                raise CeleryTimeout(away.says(f"Operation timed out ({clock.timeout})", clock))
             watch.wait(nap)
+            # After each wait, as Redis's wait does: a parent's error (a chord's failed
+            # header task) is seen before a result that came meanwhile (its body's).
+            if on_interval:
+                away.look(on_interval)
 
     def wait_for(
         self,
@@ -429,17 +478,21 @@ class PikkuBackend(BaseBackend):
         SQL a flush interval after it happened, not half a second."""
         self._ensure_not_eager()
         clock = _Clock(timeout, interval)
+        away = _Away()
         with self._watch([task_id]) as watch:
             while True:
-                meta = self.get_task_meta(task_id)
-                if meta["status"] in states.READY_STATES:
+                meta = away.look(lambda: self.get_task_meta(task_id))
+                if meta is not None and meta["status"] in states.READY_STATES:
                     return meta
-                if on_interval:
-                    on_interval()
-                nap = clock.nap(watch.pushes)
+                nap = away.nap(clock, watch.pushes)
                 if nap is None:
-                    raise CeleryTimeout("The operation timed out.")
+                    raise CeleryTimeout(away.says("The operation timed out.", clock))
                 watch.wait(nap)
+                # After each wait, as Redis's wait does: the parents are looked at once
+                # more after the result came, so a chord's failed header task raises its
+                # own error rather than the body's ChordError stored after it.
+                if on_interval:
+                    away.look(on_interval)
 
     def _watch(self, task_ids: Iterable[str]) -> ResultWatch:
         """Told when a result comes (``pikku_result_notify``, on by default), else a poll."""
@@ -463,15 +516,63 @@ class _Clock:
         self._nap = min(_FIRST_LOOK, interval)
 
     def nap(self, pushed: bool) -> float | None:
+        if pushed:
+            return self.pause(_TOLD_AT_LEAST)
+        waited = time.monotonic() - self._started
+        cap = _BRISK_CAP if waited < _BRISK_FOR else self._interval
+        return self.pause(min(self._nap * 2, cap, self._interval), brisk=True)
+
+    def pause(self, seconds: float, *, brisk: bool = False) -> float | None:
+        """``seconds``, or what is left of the timeout; None once it has passed."""
         waited = time.monotonic() - self._started
         if self.timeout is not None and waited >= self.timeout:
             return None
-        if pushed:
-            nap = _TOLD_AT_LEAST
-        else:
-            cap = _BRISK_CAP if waited < _BRISK_FOR else self._interval
-            nap = self._nap = min(self._nap * 2, cap, self._interval)
-        return nap if self.timeout is None else max(0.0, min(nap, self.timeout - waited))
+        if brisk:
+            self._nap = seconds
+        return seconds if self.timeout is None else max(0.0, min(seconds, self.timeout - waited))
+
+
+class _Away:
+    """A reader's view of its database being away: it keeps waiting, looking again with
+    backoff, until its own timeout, which then says why nothing came."""
+
+    def __init__(self) -> None:
+        self.error: StoreError | None = None
+        self._pause = _AWAY_FIRST
+
+    def look(self, read: Callable[[], _T]) -> _T | None:
+        """``read()``, or None while the database cannot be reached."""
+        try:
+            value = read()
+        except StoreError as exc:
+            if not isinstance(exc, Transient):
+                raise
+            if self.error is None:
+                logger.info(
+                    "pikku-celery cannot read results (%s); waiting readers look again "
+                    "until the database is back or their timeout ends",
+                    exc,
+                    extra={"action": "result_read_away"},
+                )
+            self.error = exc
+            return None
+        self.error, self._pause = None, _AWAY_FIRST
+        return value
+
+    def nap(self, clock: _Clock, pushed: bool) -> float | None:
+        if self.error is None:
+            return clock.nap(pushed)
+        pause, self._pause = self._pause, min(self._pause * 2, _AWAY_MOST)
+        return clock.pause(pause)
+
+    def says(self, timed_out: str, clock: _Clock) -> str:
+        """What a timeout says: the outage, when the last look could not read."""
+        if self.error is None:
+            return timed_out
+        return (
+            f"{timed_out} The result database was unreachable when the {clock.timeout:g} s "
+            f"timeout ended: {self.error} Results are kept and read once it is back."
+        )
 
 
 def expire_results(app: Any, store: WorkflowStore, limit: int = EXPIRE_BATCH) -> int:
@@ -484,8 +585,17 @@ def expire_results(app: Any, store: WorkflowStore, limit: int = EXPIRE_BATCH) ->
     return store.results.expire(now() - keep, limit=limit)
 
 
+def executing(request: Any) -> None:
+    """``task_prerun``: the task of ``request`` runs its body in this process now, and its
+    ``task_postrun`` follows, to journal the result its end stores (:func:`take_stashed`)."""
+    if request is not None:
+        setattr(request, _EXECUTING, True)
+
+
 def take_stashed(request: Any) -> ResultWrite | None:
     """The result a task's end left on its request for the mirror, once (``task_postrun``)."""
+    if request is not None and getattr(request, _EXECUTING, False):
+        delattr(request, _EXECUTING)
     row = getattr(request, _STASH, None)
     if row is not None:
         delattr(request, _STASH)
@@ -493,8 +603,14 @@ def take_stashed(request: Any) -> ResultWrite | None:
 
 
 def _running(request: Any, task_id: str) -> bool:
-    """``request`` is the running task's own (its end's signals are still to come)."""
+    """``request`` is the task's own: the worker's main process and Celery's failure of a
+    chain's later links pass one too, with no ``task_postrun`` to follow."""
     return request is not None and str(getattr(request, "id", "")) == str(task_id)
+
+
+def _executing(request: Any, task_id: str) -> bool:
+    """``request`` is of the task whose body runs here (its end's signals are to come)."""
+    return _running(request, task_id) and bool(getattr(request, _EXECUTING, False))
 
 
 def _attempt(request: Any, task_id: str) -> int | None:

@@ -22,7 +22,7 @@ from celery.exceptions import Reject, Retry
 from pikku_celery.faults import crash_point
 from pikku_celery.integration import control, installed, replace
 from pikku_celery.integration import headers as h
-from pikku_celery.integration.backend import take_stashed
+from pikku_celery.integration.backend import executing, take_stashed
 from pikku_celery.integration.installed import Installed, installed_on, registry
 from pikku_celery.integration.run_context import RunContext, current_run
 from pikku_celery.integration.task import retry_policy
@@ -378,6 +378,9 @@ def before_task_publish(
 
 @_isolated
 def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any) -> None:
+    # First, for every task (mirrored or not): the result its end stores waits for its
+    # task_postrun, which follows only a body that runs in this process.
+    executing(getattr(task, "request", None))
     mirrored = step_of(task)
     if mirrored is None:
         return

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from celery import Celery, group
+from celery.exceptions import Reject
 
 from pikku_celery import PikkuCelery
 
@@ -171,3 +172,9 @@ def add_to_all(self: Any, nums: list[int], val: int) -> None:
     """``Task.replace`` with a group: Celery makes it a chord whose ``celery.accumulate``
     body takes over this task's id, and this backend sends that body itself."""
     raise self.replace(group(add.s(n, val) for n in nums))
+
+
+@app.task(name="results.reject", shared=False)
+def reject() -> None:
+    """Rejects its message for good: Celery's main process stores the FAILURE."""
+    raise Reject("not for this queue", requeue=False)

@@ -19,7 +19,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from celery import Celery, group
+from celery import Celery, chain, group
+from celery.exceptions import Reject
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult, GroupResult
 
@@ -240,3 +241,44 @@ def test_a_result_over_the_payload_limit_fails_the_task_saying_why(
     assert attempt.status == "failed" and attempt.result is None
     assert attempt.error is not None and "max_payload_bytes" in attempt.error["message"]
     assert app.huge.delay(1).get(timeout=60) == "x" * 1024 * 1024  # under it: as it was
+
+
+def test_a_task_that_rejects_its_message_for_good_fails_at_once(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # Celery's worker stores this FAILURE from its main process, where no task runs.
+    app, _ = results
+    sent = app.reject.delay()
+    with pytest.raises(Reject, match="not for this queue"):
+        sent.get(timeout=20)
+    fresh: Any = AsyncResult(sent.id, app=app.app)
+    assert (fresh.state, fresh.ready(), fresh.failed()) == ("FAILURE", True, True)
+
+
+def test_the_links_after_a_failed_link_of_a_chain_fail_with_it(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # Celery fails every later link for the failed one (Backend._fail_chain): the chain's
+    # last link, the result a caller holds, is FAILURE as on Celery's own backends.
+    app, _ = results
+    sent: Any = chain(app.identity.si(1), app.refuse.si("laces"), app.identity.si(2)).delay()
+    with pytest.raises(KeyError, match="no laces"):
+        sent.get(timeout=20)
+    last: Any = AsyncResult(sent.id, app=app.app)
+    assert isinstance(last.get(timeout=20, propagate=False), KeyError)
+    assert last.state == "FAILURE"
+
+
+@pytest.mark.parametrize("state", ["STARTED", "PROGRESS"])
+def test_a_revoke_leaves_the_state_another_process_wrote(
+    results: tuple[ModuleType, Worker], state: str
+) -> None:
+    # This process plays a worker elsewhere that started a task: the state it stored is in
+    # SQL when store_result returns, so the worker told to revoke it leaves it alone.
+    app, _ = results
+    backend = app.app.backend
+    started, not_started = str(uuid.uuid4()), str(uuid.uuid4())
+    backend.store_result(started, {"hostname": "other@host"}, state)
+    assert app.app.control.revoke([started, not_started], reply=True, timeout=10)
+    assert backend.get_state(started) == state
+    assert backend.get_state(not_started) == "REVOKED"

@@ -131,9 +131,8 @@ def test_a_failed_part_fails_the_body_with_chord_error_and_runs_its_errback(
     errback_id = errback.freeze().id
     body = app.total.s().on_error(errback)  # the body's errback, as Celery runs it
     sent: Any = chord([app.add.s(1, 1), app.refuse.s("gloves")], body).apply_async()
-    # As with Celery's own backends, get() raises the header's own error, or the body's
-    # ChordError when that is stored by the time get() looks...
-    with pytest.raises((KeyError, ChordError), match="gloves"):
+    # As with Celery's own backends, get() raises the header's own error...
+    with pytest.raises(KeyError, match="gloves"):
         sent.get(timeout=60)
     # ...and the body, which never ran, failed with ChordError naming the part.
     failed = app.app.AsyncResult(sent.id).get(timeout=60, propagate=False)
@@ -352,3 +351,67 @@ def test_a_replaced_link_of_a_chain_hands_its_groups_results_to_the_next_link(
         ("add_to_all", "add", "add#2", "sum_step"), "succeeded"
     )
     assert steps["add_to_all"].result == [2, 3]
+
+
+@pytest.mark.parametrize("body", ["task", "chain"])
+def test_get_raises_the_failed_header_tasks_own_error(
+    results: tuple[ModuleType, Worker], body: str
+) -> None:
+    # Celery's get() looks at the parents once more after the body's result came (Redis's
+    # wait does): the header's failure, in SQL before the body's ChordError, wins.
+    app, _ = results
+    for _attempt in range(5):
+        tail = app.total.s() if body == "task" else chain(app.total.s(), app.identity.s())
+        sent: Any = chord([app.refuse.s("scarves"), app.add.s(1, 1)], tail).apply_async()
+        with pytest.raises(KeyError, match="no scarves"):
+            sent.get(timeout=60)
+
+
+def test_a_chain_in_the_header_failing_before_its_last_task_fails_the_body(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # Celery stores the failure of the chain's later links, the last one a part of the chord:
+    # the chord fires, its body fails with ChordError and its errback runs.
+    app, _ = results
+    errback = app.failed_part.s()
+    errback_id = errback.freeze().id
+    failing = chain(app.identity.si(42), app.refuse.si("boots"), app.identity.si(42))
+    sent: Any = chord([failing, app.add.s(1, 1)], app.total.s().on_error(errback)).apply_async()
+    with pytest.raises(KeyError, match="no boots"):
+        sent.get(timeout=30)
+    failed = app.app.AsyncResult(sent.id).get(timeout=30, propagate=False)
+    assert isinstance(failed, ChordError) and "boots" in str(failed)
+    assert app.app.AsyncResult(errback_id).get(timeout=30) == f"noted {sent.id}"
+
+
+def test_a_chain_in_the_body_failing_before_its_last_task_fails_the_chord(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    app, _ = results
+    failing = chain(app.identity.si(42), app.refuse.si("belts"), app.identity.si(42))
+    sent: Any = chord([app.identity.si(42)], failing).apply_async()
+    with pytest.raises(KeyError, match="no belts"):
+        sent.get(timeout=30)
+    assert isinstance(app.app.AsyncResult(sent.id).get(timeout=30, propagate=False), KeyError)
+
+
+def test_a_failed_task_in_a_nested_chain_of_the_header_fails_the_chord(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # Celery's test_chord_unlock_with_failed_task_in_nested_chain_member: the chain's failed
+    # first task must reach the body of the chord its group was uplifted to.
+    app, _ = results
+    nested = chain(
+        group(
+            app.identity.si(1),
+            chain(
+                app.refuse.si("hats"),
+                group(app.identity.si(2), app.identity.si(3)),
+                app.identity.si(4),
+            ),
+        ),
+        app.identity.s(),
+    )
+    sent: Any = nested.apply_async()
+    with pytest.raises((KeyError, ChordError), match="hats"):
+        sent.get(timeout=30)

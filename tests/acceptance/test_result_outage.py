@@ -2,17 +2,21 @@
 result shows before it is in SQL, and every result is there once the database is back.
 
 The worker reaches PostgreSQL through a proxy the test cuts (the shared server never
-stops); the reading process (this one) reads the database directly.
+stops); the reading process (this one) reads the database directly, except in the test
+of a reader whose own way to the database is cut.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
 
 import pytest
+from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
 from pikku_celery.mirror.journal import journal_depth
@@ -21,6 +25,8 @@ from tests.acceptance.results_loading import QUEUE, results_app
 from tests.acceptance.test_db_outage import proxied_database
 
 TASKS = 20
+# Long enough for a reader to look several times, short beside its timeout.
+READER_OUTAGE_SECONDS = 4.0
 
 
 @pytest.fixture
@@ -93,3 +99,36 @@ def test_a_result_journaled_by_a_process_killed_before_its_flush_arrives(
     assert fresh.state == "SUCCESS"
     [attempt] = worker.store.get_run_history(sent.id)
     assert attempt.status == "succeeded"
+
+
+def test_a_reader_waits_through_a_short_outage_and_a_timeout_names_it(
+    pg_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # The reader (this process) reaches PostgreSQL through the proxy; the worker directly.
+    tmp = tmp_path_factory.mktemp("reader-outage")
+    with proxied_database(pg_url, tmp) as (proxy, env):
+        with results_app(env["SHOP_DATABASE_URL"]) as app:
+            worker_env = {"RESULTS_DATABASE_URL": pg_url, "PIKKU_JOURNAL_DIR": str(tmp / "w")}
+            with (
+                worker_running(
+                    app, "redis", tmp, concurrency=1, extra_env=worker_env, queues=QUEUE
+                ),
+                ThreadPoolExecutor(2) as readers,
+            ):
+                assert app.plain_add.delay(1, 1).get(timeout=30) == 2  # all is well first
+                napping = app.nap.delay(1.0)
+                waiting = readers.submit(napping.get, timeout=60)
+                proxy.cut()
+                cut_at = time.monotonic()
+                sent = app.plain_add.delay(2, 2)
+                started_during = readers.submit(sent.get, timeout=60)
+                # A reader whose own timeout ends first is told why nothing came.
+                never: Any = AsyncResult(str(uuid.uuid4()), app=app.app)
+                with pytest.raises(CeleryTimeoutError, match="database") as caught:
+                    never.get(timeout=1)
+                assert "check" in str(caught.value)
+                time.sleep(max(0.0, READER_OUTAGE_SECONDS - (time.monotonic() - cut_at)))
+                assert not waiting.done() and not started_during.done()
+                proxy.restore()
+                assert waiting.result(timeout=60) == "rested"
+                assert started_during.result(timeout=60) == 4
