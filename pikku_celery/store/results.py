@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from pikku_celery.errors import Transient
 from pikku_celery.store import sql
 from pikku_celery.store.common import now
 from pikku_celery.store.connector import Connector, by_dialect
@@ -131,11 +132,14 @@ class Results:
                 return []
             with self._db.write(None) as c:
                 return self._complete_chords(c, due, now())
-        except Exception:
+        except Exception as exc:
+            # The database going away right after a COMMIT is an outage the rest of the
+            # mirror already reports: one line, no traceback.
             logger.warning(
-                "pikku-celery could not look again for chords to fire after a commit; the "
-                "reaper's pass fires them",
-                exc_info=True,
+                "pikku-celery could not look again for chords to fire after a commit (%s); "
+                "the reaper's pass fires them",
+                exc,
+                exc_info=not isinstance(exc, Transient),
                 extra={"action": "chord_settle_failed"},
             )
             return []
