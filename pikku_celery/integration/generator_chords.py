@@ -39,6 +39,7 @@ class LazyChords:
         self._lock = threading.Lock()
         self._open: dict[str, _Lazy] = {}
         self._connected = False
+        self._uid = f"{_DISPATCH_UID}.{id(self)}"
 
     def applied(self, group_id: str, keep: Callable[[list[str]], None]) -> None:
         """A chord whose header is a generator: ``keep`` is called with its parts, in the
@@ -47,7 +48,7 @@ class LazyChords:
             self._open[group_id] = _Lazy(keep)
             if not self._connected:
                 signals.before_task_publish.connect(
-                    self._published, weak=False, dispatch_uid=f"{_DISPATCH_UID}.{id(self)}"
+                    self._published, weak=False, dispatch_uid=self._uid
                 )
                 self._connected = True
 
@@ -80,6 +81,10 @@ class LazyChords:
             if lazy is None or lazy.size is None or len(lazy.parts) < lazy.size:
                 return
             del self._open[group_id]
+            if not self._open:
+                # Every publish of the process passes this handler: only while it waits.
+                signals.before_task_publish.disconnect(dispatch_uid=self._uid)
+                self._connected = False
         lazy.keep(lazy.parts)
 
 
