@@ -145,6 +145,16 @@ def test_the_installed_wheel_runs_the_command_the_migrations_and_the_demo(
         f"{VERSION}\n"
     )
     assert run(str(command), "--version") == f"pikku-celery {VERSION}\n"
+    # Celery finds `backend="pikku://"`, and pytest the inline runner's fixtures, by these
+    # (only pytest loads its plugin: pytest is not a dependency).
+    found = run(
+        str(python),
+        "-c",
+        "from importlib.metadata import entry_points\n"
+        "print(entry_points(group='celery.result_backends')['pikku'].load().__name__)\n"
+        "print(entry_points(group='pytest11')['pikku_celery'].value)",
+    )
+    assert found.split() == ["PikkuBackend", "pikku_celery.testing.plugin"]
 
     database = f"sqlite:///{installed.here / 'x.db'}"
     # Every revision the checkout has, applied from the installed files.
