@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
+
 from pikku_celery.app import PikkuCelery
 from pikku_celery.errors import (
     ConfigurationError,
@@ -39,7 +41,11 @@ from pikku_celery.integration.task import WorkflowTask
 from pikku_celery.store import StepAttempt, StepState, WorkflowRun, WorkflowStore, WorkflowVersion
 from pikku_celery.workflows.definition import Workflow
 
-__version__ = "0.1.0"
+# The version is written once, in pyproject.toml; the installed metadata carries it here.
+try:
+    __version__ = _metadata.version("pikku-celery")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "ConfigurationError",

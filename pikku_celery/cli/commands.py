@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NoReturn
 
+from pikku_celery import __version__
 from pikku_celery.cli.app_loader import ENV_APP, load_pikku
 from pikku_celery.cli.common import (
     ENV_JSON,
@@ -224,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pikku-celery",
         description="A workflow backend for Celery: runs, steps and attempts in SQL.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_global_options(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

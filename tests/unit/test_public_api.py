@@ -2,10 +2,14 @@ from __future__ import annotations
 
 import ast
 import types
+from importlib import metadata
 from pathlib import Path
+
+import pytest
 
 import pikku_celery
 from pikku_celery import errors
+from pikku_celery.cli import main
 from pikku_celery.store import PUBLIC_METHODS, WorkflowStore
 
 
@@ -113,3 +117,13 @@ def test_the_store_face_offers_what_users_read_and_nothing_the_mirror_writes() -
         assert not hasattr(WorkflowStore, retired), retired
     assert WorkflowStore.__doc__ is not None
     assert all(f"``{name}``" in WorkflowStore.__doc__ for name in PUBLIC_METHODS)
+
+
+def test_the_version_is_the_installed_metadatas_and_the_command_prints_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert pikku_celery.__version__ == metadata.version("pikku-celery")
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"pikku-celery {pikku_celery.__version__}\n"
