@@ -67,7 +67,7 @@ def test_results_expire_when_the_backend_is_named_by_another_alias(
     app = Celery("expiry-alias", broker="memory://", set_as_current=False)
     app.loader.override_backends = {"results": "pikku_celery.integration.backend:PikkuBackend"}
     database = store.engine.url.render_as_string(hide_password=False)
-    app.conf.result_backend = f"results+{database}"
+    app.conf.update(result_backend=f"results+{database}")
     app.conf.result_expires = dt.timedelta(minutes=1)
     pikku = PikkuCelery(app, store=store)
     try:
