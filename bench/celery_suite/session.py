@@ -26,6 +26,7 @@ __all__ = [
     "Settings",
     "backend_url",
     "pikku_source",
+    "redis_helpers_env",
     "run_mode",
 ]
 
@@ -144,10 +145,21 @@ def _clean_env(settings: dict[str, str]) -> dict[str, str]:
     env = {
         name: value
         for name, value in os.environ.items()
-        if not name.startswith(("PIKKU_", "TEST_", "CELERY_", "WORKER_LOGLEVEL"))
+        if not name.startswith(("PIKKU_", "TEST_", "CELERY_", "WORKER_LOGLEVEL", "REDIS_"))
     }
     env.update(settings)
     return env
+
+
+def redis_helpers_env(url: str) -> dict[str, str]:
+    """``REDIS_HOST``/``REDIS_PORT`` for the suite's own Redis client (``get_redis_connection``
+    in ``t/integration/tasks.py``, database 0): the server of ``url``. Its tests that read
+    what the Redis backend keeps (pub/sub channels, a chord's keys) look there, and its
+    tasks' own keys stay off any other server."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return {"REDIS_HOST": parts.hostname or "localhost", "REDIS_PORT": str(parts.port or 6379)}
 
 
 def _flush_redis(url: str) -> None:
@@ -244,6 +256,7 @@ def run_mode(mode: str, sources: Sources, settings: Settings) -> ModeRun:
         plugin.ENV_MODE: mode,
         plugin.ENV_OUT: str(records),
         plugin.ENV_SETTLE: str(settings.settle),
+        **redis_helpers_env(settings.redis_url),
     }
     database_url: str | None = None
     journal_dir: Path | None = None

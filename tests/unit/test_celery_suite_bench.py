@@ -13,7 +13,7 @@ from bench.celery_suite.gates import gated_tests, redis_internals
 from bench.celery_suite.outcomes import Outcome, differences, failing, tally
 from bench.celery_suite.plugin import register_alias
 from bench.celery_suite.report import classify
-from bench.celery_suite.session import BACKEND_ALIAS, backend_url
+from bench.celery_suite.session import BACKEND_ALIAS, backend_url, redis_helpers_env
 from pikku_celery import PikkuCelery
 from pikku_celery.integration.backend import PikkuBackend
 
@@ -64,6 +64,14 @@ def test_the_alias_is_known_only_to_the_apps_it_was_registered_on(tmp_path: Path
         other.backend  # noqa: B018 - Celery makes the backend when it is first read
     registered.close()
     other.close()
+
+
+def test_the_suites_own_redis_client_is_pointed_at_the_brokers_server() -> None:
+    assert redis_helpers_env("redis://127.0.0.1:6395/0") == {
+        "REDIS_HOST": "127.0.0.1",
+        "REDIS_PORT": "6395",
+    }
+    assert redis_helpers_env("redis://") == {"REDIS_HOST": "localhost", "REDIS_PORT": "6379"}
 
 
 def test_gates_are_unknown_values_refused() -> None:
