@@ -51,8 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pg-url",
         default="postgresql://postgres@127.0.0.1:5432/test",
-        help="with --database postgresql: a server where database pikku_celery_suite_<mode> "
+        help="with --database postgresql: a server where database <pg-prefix>_<mode> "
         "is dropped and created for each mode",
+    )
+    parser.add_argument(
+        "--pg-prefix",
+        default="pikku_celery_suite",
+        help="the mode's database is <pg-prefix>_<mode>; give two invocations that run at "
+        "once prefixes of their own (default pikku_celery_suite)",
     )
     parser.add_argument("--timeout", type=float, default=2400.0, help="seconds per mode")
     parser.add_argument("--test-timeout", type=float, default=300.0, help="seconds per test")
@@ -137,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         tests=tuple(args.tests),
         pytest_args=("-k", args.keyword) if args.keyword else (),
         gates=args.gates,
+        pg_prefix=args.pg_prefix,
     )
     baseline_path: Path | None = args.baseline
     selection = {"tests": list(settings.tests), "keyword": args.keyword}

@@ -113,6 +113,8 @@ class Settings:
     # The backend mode: "open" runs the tests that require a result_backend starting with
     # "redis" (through BACKEND_ALIAS), "closed" names the backend pikku+<database>.
     gates: str = "open"
+    # Databases are named <pg_prefix>_<mode>: two invocations at once need two prefixes.
+    pg_prefix: str = "pikku_celery_suite"
 
 
 @dataclass
@@ -177,7 +179,7 @@ def _fresh_database(settings: Settings, mode: str, folder: Path) -> str:
         return f"sqlite:///{folder / 'pikku.db'}"
     import psycopg
 
-    name = f"pikku_celery_suite_{mode}"
+    name = f"{settings.pg_prefix}_{mode}"
     with psycopg.connect(settings.pg_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
