@@ -7,7 +7,9 @@ It changes nothing in the suite's files. What it does, read from the environment
   fixtures ``celery_app``, one per test, which publishes, and ``celery_session_app``, the
   one the embedded worker runs), ``PikkuCelery(app, database_url=..., mirror="all")`` or
   ``PikkuCelery(app, database_url=...)`` is installed on it, as a user would right after
-  making the app. ``plain``: pikku-celery is not imported at all.
+  making the app. ``plain``: pikku-celery is not imported at all. At the end of each
+  test, the ``PikkuCelery`` of its own app is closed (``uninstall``, ``mirror.close()``,
+  ``store.close()``): the session app's, the worker's, is left to pikku-celery.
 - ``backend``: as ``all``, and the suite's ``TEST_BACKEND`` names pikku-celery's result
   backend. With ``PIKKU_SUITE_BACKEND_ALIAS`` set (say ``redispikku``), that URL is
   ``redispikku+postgresql://...``: the alias is registered on each app's loader
@@ -168,7 +170,7 @@ def register_alias(app: Celery, alias: str) -> None:
     app.loader.override_backends = {**app.loader.override_backends, alias: PIKKU_BACKEND}
 
 
-def _install(app: Celery, fixture: str) -> None:
+def _install(app: Celery, fixture: str) -> Any:
     from pikku_celery import PikkuCelery
 
     url = os.environ[ENV_DATABASE_URL]
@@ -177,15 +179,27 @@ def _install(app: Celery, fixture: str) -> None:
     if mode == "backend" and alias:
         register_alias(app, alias)
     if mode in ("all", "backend"):
-        PikkuCelery(app, database_url=url, mirror="all")
+        pikku = PikkuCelery(app, database_url=url, mirror="all")
     else:
-        PikkuCelery(app, database_url=url)
+        pikku = PikkuCelery(app, database_url=url)
     _session["installed"][fixture] += 1
     if mode == "backend":
         found = _session["backends"][fixture]
         name = _class_name(app.backend)
         found[name] = found.get(name, 0) + 1
         _session["result_backend"] = str(app.conf.result_backend)
+    return pikku
+
+
+def _close(pikku: Any) -> None:
+    """The end of a test's own app: its PikkuCelery written out and its connections let go,
+    as a user closing an app would. Left open, every test's store kept its connections (a
+    flusher's, the result backend's readers') and 100 of PostgreSQL's ran out mid-suite."""
+    started = time.time()
+    pikku.uninstall()
+    pikku.mirror.close()
+    pikku.store.close()
+    _session["closing_s"] = round(_session.get("closing_s", 0.0) + time.time() - started, 3)
 
 
 def _save() -> None:
@@ -206,7 +220,10 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: Any) -> Ge
     value: Any = yield
     name = fixturedef.argname
     if name in APP_FIXTURES and _mode() in MIRRORED_MODES and isinstance(value, Celery):
-        _install(value, name)
+        pikku = _install(value, name)
+        if name == "celery_app":
+            # Finalizers run last-in first-out: before the fixture's own teardown.
+            fixturedef.addfinalizer(lambda: _close(pikku))
     if name == WORKER_FIXTURE:
         _session["worker_started_at"] = time.time()
         _save()
