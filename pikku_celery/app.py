@@ -136,8 +136,13 @@ class PikkuCelery:
             app.conf.update(result_backend=f"{SCHEME}://")
 
     def _results_here(self) -> bool:
-        """The app's result backend is this store (``pikku://``): its results expire here."""
-        return str(self.app.conf.result_backend or "").startswith(SCHEME)
+        """The app's result backend is this store: its results expire here.
+
+        Asked of the backend Celery made, not of the URL's spelling: a backend named by
+        another alias (a loader's ``override_backends``, an entry point) or by its class
+        is this store all the same.
+        """
+        return isinstance(self.app.backend, PikkuBackend)
 
     def _fire_chords(self, chords: Sequence[FiredChord]) -> None:
         backend = self.app.backend

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, inspect, text
 
 __all__ = ["MirrorState", "OpenStep", "journal_report", "read_mirror"]
 
@@ -62,6 +62,10 @@ class MirrorState:
     failed_runs_no_failed_step: list[OddRun] = field(default_factory=list)
     redelivered_attempts: list[tuple[str, str, int, int, str]] = field(default_factory=list)
     step_ids: set[str] = field(default_factory=set)
+    # The result backend's tables: results by status, chords by how far they got.
+    results: dict[str, int] = field(default_factory=dict)
+    result_groups: int = 0
+    result_chords: dict[str, int] = field(default_factory=dict)
 
 
 def _moment(value: Any) -> float | None:
@@ -185,6 +189,20 @@ def read_mirror(url: str) -> MirrorState:
             state.redelivered_attempts = [
                 (str(a), str(b), int(c), int(d), str(e)) for a, b, c, d, e in rows
             ]
+            if inspect(conn).has_table("pikku_celery_results"):
+                state.results = by_status("pikku_celery_results")
+                state.result_groups = int(
+                    conn.execute(text("SELECT count(*) FROM pikku_celery_groups")).scalar_one()
+                )
+                rows = conn.execute(
+                    text(
+                        "SELECT CASE WHEN fired_at IS NULL THEN 'not fired'"
+                        " WHEN sent_at IS NULL THEN 'fired, body not sent'"
+                        " ELSE 'fired and sent' END, count(*)"
+                        " FROM pikku_celery_result_chords GROUP BY 1"
+                    )
+                )
+                state.result_chords = {str(key): int(n) for key, n in rows}
     finally:
         engine.dispose()
     return state

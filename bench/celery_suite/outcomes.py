@@ -16,8 +16,10 @@ __all__ = [
     "differences",
     "executions_by_test",
     "extra_executions",
+    "failing",
     "outcomes",
     "repeated_executions",
+    "tally",
 ]
 
 COUNT_KEYS = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "not run")
@@ -77,6 +79,22 @@ def counts(results: Mapping[str, Outcome]) -> dict[str, int]:
     counter = Counter(outcome.result for outcome in results.values())
     counter["error"] += sum(outcome.teardown_error for outcome in results.values())
     return {key: counter.get(key, 0) for key in COUNT_KEYS}
+
+
+def failing(results: Mapping[str, Outcome]) -> list[str]:
+    """The tests pytest counts as failed or in error (a teardown error included), sorted."""
+    return sorted(
+        nodeid
+        for nodeid, outcome in results.items()
+        if outcome.result in ("failed", "error") or outcome.teardown_error
+    )
+
+
+def tally(results: Mapping[str, Outcome], nodeids: Iterable[str]) -> dict[str, int]:
+    """Counts (as :func:`counts`) of the collected tests whose node id, parameters left
+    out, is one of ``nodeids``."""
+    wanted = set(nodeids)
+    return counts({key: o for key, o in results.items() if key.split("[", 1)[0] in wanted})
 
 
 def differences(

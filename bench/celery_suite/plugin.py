@@ -7,7 +7,18 @@ It changes nothing in the suite's files. What it does, read from the environment
   fixtures ``celery_app``, one per test, which publishes, and ``celery_session_app``, the
   one the embedded worker runs), ``PikkuCelery(app, database_url=..., mirror="all")`` or
   ``PikkuCelery(app, database_url=...)`` is installed on it, as a user would right after
-  making the app. ``plain``: pikku-celery is not imported at all.
+  making the app. ``plain``: pikku-celery is not imported at all. At the end of each
+  test, the ``PikkuCelery`` of its own app is closed (``uninstall``, ``mirror.close()``,
+  ``store.close()``): the session app's, the worker's, is left to pikku-celery.
+- ``backend``: as ``all``, and the suite's ``TEST_BACKEND`` names pikku-celery's result
+  backend. With ``PIKKU_SUITE_BACKEND_ALIAS`` set (say ``redispikku``), that URL is
+  ``redispikku+postgresql://...``: the alias is registered on each app's loader
+  (``override_backends``, which Celery's ``by_name`` reads beside its own aliases) as
+  ``PikkuBackend``, before anything asks for the app's backend. Celery's own
+  ``by_url`` splits the scheme at ``+``: the class is the alias's, the URL handed to it
+  the database's. So the tests that skip themselves unless ``result_backend`` starts with
+  ``redis`` run, on the store, their text unchanged. Which class each app's backend is,
+  and the backend of every task body that ran, are recorded.
 - In every mode, records what ``run.py`` reads afterwards, under ``PIKKU_SUITE_OUT``:
   every test phase's outcome (``reports.jsonl``), every execution of a task body as
   ``task_prerun`` reports it, in the process that runs it (``prerun/<pid>.jsonl``), pikku's
@@ -36,12 +47,26 @@ import pytest
 from celery import Celery
 from celery.signals import task_prerun
 
-__all__ = ["ENV_DATABASE_URL", "ENV_MODE", "ENV_OUT", "ENV_SETTLE"]
+__all__ = [
+    "ENV_BACKEND_ALIAS",
+    "ENV_DATABASE_URL",
+    "ENV_MODE",
+    "ENV_OUT",
+    "ENV_SETTLE",
+    "MIRRORED_MODES",
+    "PIKKU_BACKEND",
+    "register_alias",
+]
 
 ENV_MODE: Final = "PIKKU_SUITE_MODE"
 ENV_OUT: Final = "PIKKU_SUITE_OUT"
 ENV_DATABASE_URL: Final = "PIKKU_SUITE_DATABASE_URL"
 ENV_SETTLE: Final = "PIKKU_SUITE_SETTLE"
+ENV_BACKEND_ALIAS: Final = "PIKKU_SUITE_BACKEND_ALIAS"
+#: The modes that install PikkuCelery on the suite's apps.
+MIRRORED_MODES: Final = frozenset({"all", "steps", "backend"})
+#: pikku-celery's result backend, as Celery's aliases name a class.
+PIKKU_BACKEND: Final = "pikku_celery.integration.backend:PikkuBackend"
 
 #: The fixtures of celery.contrib.pytest that make the suite's apps.
 APP_FIXTURES: Final = frozenset({"celery_app", "celery_session_app"})
@@ -81,7 +106,13 @@ _reports = _Recorder("reports")
 _session: dict[str, Any] = {
     "mode": _mode(),
     "installed": {"celery_app": 0, "celery_session_app": 0},
+    # fixture -> {backend class: how many apps of that fixture had it}
+    "backends": {"celery_app": {}, "celery_session_app": {}},
 }
+
+
+def _class_name(value: Any) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
 def _on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
@@ -95,6 +126,8 @@ def _on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
             "redelivered": delivery.get("redelivered") if isinstance(delivery, dict) else None,
             "pid": os.getpid(),
             "t": time.time(),
+            # The backend the worker stores this task's result with.
+            "backend": _class_name(getattr(task, "backend", None)),
         }
     )
 
@@ -128,15 +161,45 @@ def pytest_configure(config: pytest.Config) -> None:
     pikku_logger.addHandler(_PikkuLogHandler(logging.WARNING))
 
 
-def _install(app: Celery, fixture: str) -> None:
+def register_alias(app: Celery, alias: str) -> None:
+    """``alias+<database URL>`` makes ``app``'s result backend pikku-celery's.
+
+    Celery's loader aliases (``override_backends``) are looked up before its own and its
+    entry points'; set on this app's loader only, nothing else in the process changes.
+    """
+    app.loader.override_backends = {**app.loader.override_backends, alias: PIKKU_BACKEND}
+
+
+def _install(app: Celery, fixture: str) -> Any:
     from pikku_celery import PikkuCelery
 
     url = os.environ[ENV_DATABASE_URL]
-    if _mode() == "all":
-        PikkuCelery(app, database_url=url, mirror="all")
+    mode = _mode()
+    alias = os.environ.get(ENV_BACKEND_ALIAS)
+    if mode == "backend" and alias:
+        register_alias(app, alias)
+    if mode in ("all", "backend"):
+        pikku = PikkuCelery(app, database_url=url, mirror="all")
     else:
-        PikkuCelery(app, database_url=url)
+        pikku = PikkuCelery(app, database_url=url)
     _session["installed"][fixture] += 1
+    if mode == "backend":
+        found = _session["backends"][fixture]
+        name = _class_name(app.backend)
+        found[name] = found.get(name, 0) + 1
+        _session["result_backend"] = str(app.conf.result_backend)
+    return pikku
+
+
+def _close(pikku: Any) -> None:
+    """The end of a test's own app: its PikkuCelery written out and its connections let go,
+    as a user closing an app would. Left open, every test's store kept its connections (a
+    flusher's, the result backend's readers') and 100 of PostgreSQL's ran out mid-suite."""
+    started = time.time()
+    pikku.uninstall()
+    pikku.mirror.close()
+    pikku.store.close()
+    _session["closing_s"] = round(_session.get("closing_s", 0.0) + time.time() - started, 3)
 
 
 def _save() -> None:
@@ -156,8 +219,11 @@ def _stamp(name: str) -> None:
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: Any) -> Generator[None]:
     value: Any = yield
     name = fixturedef.argname
-    if name in APP_FIXTURES and _mode() in ("all", "steps") and isinstance(value, Celery):
-        _install(value, name)
+    if name in APP_FIXTURES and _mode() in MIRRORED_MODES and isinstance(value, Celery):
+        pikku = _install(value, name)
+        if name == "celery_app":
+            # Finalizers run last-in first-out: before the fixture's own teardown.
+            fixturedef.addfinalizer(lambda: _close(pikku))
     if name == WORKER_FIXTURE:
         _session["worker_started_at"] = time.time()
         _save()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from bench.celery_suite.gates import GATE_MESSAGES, redis_internals
 from bench.celery_suite.mirror_check import MirrorState, open_by_task
 from bench.celery_suite.outcomes import (
     Outcome,
@@ -16,12 +17,14 @@ from bench.celery_suite.outcomes import (
     differences,
     executions_by_test,
     extra_executions,
+    failing,
     outcomes,
     repeated_executions,
+    tally,
 )
 from bench.celery_suite.session import ModeRun
 
-__all__ = ["MirrorReading", "load_baseline", "render", "summarize"]
+__all__ = ["MirrorReading", "classify", "load_baseline", "render", "summarize"]
 
 #: Celery's embedded worker waits 10 s (shutdown_timeout) for its thread; a stop close to
 #: that is a hang, whether or not it ended in time.
@@ -34,7 +37,12 @@ DESCRIPTION: Final = {
     "plain": "no pikku-celery",
     "all": 'PikkuCelery(app, database_url=..., mirror="all") on both test apps',
     "steps": "PikkuCelery(app, database_url=...) (mirror='steps', the default) on both test apps",
+    "backend": 'PikkuCelery(app, database_url=..., mirror="all") on both test apps, and '
+    "pikku-celery's result backend (TEST_BACKEND) on the same database",
 }
+#: The class a backend mode's apps must have as their result backend.
+PIKKU_BACKEND_CLASS: Final = "pikku_celery.integration.backend.PikkuBackend"
+_BAD: Final = frozenset({"failed", "error"})
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,41 @@ def _open_step_doc(windows: TestWindows, state: MirrorState) -> list[dict[str, A
     ]
 
 
+def classify(nodeid: str, plain: str, mine: str, message: str, gated: bool) -> str:
+    """Why a test's result differs from plain, as far as the suite's own text tells."""
+    bad = mine.split(" + ", 1)[0] in _BAD or mine.endswith("teardown error")
+    internal = redis_internals(nodeid)
+    if internal is not None and bad:
+        return f"asserts Redis internals: {internal}"
+    if mine == "skipped" and message in GATE_MESSAGES:
+        return "skipped: requires a result_backend starting with 'redis' (gates closed)"
+    where = "a redis-gated test" if gated else "not gated"
+    if plain.split(" + ", 1)[0] in _BAD and not bad:
+        return f"fails plain, not here ({where})"
+    if bad:
+        return f"fails here, not plain ({where})"
+    return f"differs ({where})"
+
+
+def _results_doc(run: ModeRun, state: MirrorState | None) -> dict[str, Any]:
+    """The backend mode: which result backend the apps and the task bodies had, and what
+    landed in the store's result tables."""
+    session = run.session
+    apps: dict[str, dict[str, int]] = session.get("backends") or {}
+    bodies = dict(Counter(str(r.get("backend")) for r in run.preruns).most_common())
+    classes = {name for found in apps.values() for name in found} | set(bodies)
+    rows = sum(state.results.values()) if state is not None else 0
+    return {
+        "test_backend": session.get("result_backend"),
+        "apps": apps,
+        "task_bodies": bodies,
+        "results": {} if state is None else state.results,
+        "groups": 0 if state is None else state.result_groups,
+        "chords": {} if state is None else state.result_chords,
+        "is_pikku": bool(classes) and classes == {PIKKU_BACKEND_CLASS} and rows > 0,
+    }
+
+
 def _mirror_doc(windows: TestWindows, state: MirrorState) -> dict[str, Any]:
     return {
         "runs": state.runs,
@@ -108,8 +151,13 @@ def _mirror_doc(windows: TestWindows, state: MirrorState) -> dict[str, Any]:
 
 
 def summarize(
-    run: ModeRun, mirror: MirrorReading | None, baseline: dict[str, Any] | None
+    run: ModeRun,
+    mirror: MirrorReading | None,
+    baseline: dict[str, Any] | None,
+    gated: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
+    """``gated``: node ids (without parameters) of the tests that skip themselves unless
+    the result backend's URL starts with ``redis``."""
     session = run.session
     results = outcomes(session.get("collected", []), run.reports)
     windows = TestWindows(results)
@@ -180,7 +228,14 @@ def summarize(
             ).most_common()
         ),
         "outcomes": {nodeid: _outcome_doc(o) for nodeid, o in sorted(results.items())},
+        "failed": failing(results),
+        "gated": {
+            "counts": tally(results, gated),
+            "failed": [n for n in failing(results) if n.split("[", 1)[0] in gated],
+        },
     }
+    if run.mode == "backend":
+        doc["result_backend"] = _results_doc(run, None if mirror is None else mirror.left)
     if mirror is not None:
         left = _mirror_doc(windows, mirror.left)
         left["journal_after_exit"] = mirror.journal_before
@@ -208,13 +263,21 @@ def summarize(
             {
                 "test": nodeid,
                 "plain": "absent" if a is None else a.result,
-                run.mode: "absent" if b is None else b.result,
+                run.mode: b.result,
+                "why": classify(
+                    nodeid,
+                    "absent" if a is None else a.result,
+                    b.result,
+                    doc["outcomes"][nodeid]["message"],
+                    nodeid.split("[", 1)[0] in gated,
+                ),
                 "message": doc["outcomes"].get(nodeid, {}).get("message", ""),
                 "teardown_message": doc["outcomes"].get(nodeid, {}).get("teardown_message", ""),
             }
             for nodeid, a, b in differences(base, mine)
             if b is not None
         ]
+        doc["plain_failed"] = [n for n in baseline.get("failed", []) if n in mine]
         doc["plain_repeated_executions"] = len(baseline["repeated_executions"])
         doc["plain_task_executions"] = baseline["task_executions"]
         doc["executions_differing_from_plain"] = [
@@ -280,6 +343,28 @@ def render(doc: dict[str, Any]) -> str:
     add(f"   pikku_celery imported: {doc['pikku_celery_imported']}; installs {doc['installed']}")
     for note in doc["notes"]:
         add(f"   note: {note}")
+    backend = doc.get("result_backend")
+    if backend is not None:
+        verdict = "yes" if backend["is_pikku"] else "NO"
+        add(f"   result backend is PikkuBackend, results in pikku_celery_results: {verdict}")
+        add(f"     TEST_BACKEND {backend['test_backend']}")
+        for fixture, found in backend["apps"].items():
+            add(f"     {fixture}: {_dict_line(found)}")
+        add(f"     task bodies ran with: {_dict_line(backend['task_bodies'])}")
+        add(
+            f"     pikku_celery_results: {_dict_line(backend['results'])}; groups "
+            f"{backend['groups']}; chords {_dict_line(backend['chords'])}"
+        )
+    failed = doc.get("failed", [])
+    add(f"   failed or in error ({len(failed)}):")
+    for nodeid in failed:
+        add(f"     {nodeid}")
+    gated = doc.get("gated")
+    if gated is not None:
+        add(
+            "   tests gated on a result_backend starting with 'redis': "
+            f"{_counts_line(gated['counts'])}"
+        )
     if "differs_from_plain" in doc:
         rows = doc["differs_from_plain"]
         skipped = doc.get("not_collected_here", 0)
@@ -290,6 +375,8 @@ def render(doc: dict[str, Any]) -> str:
         for row in rows:
             message = row["message"] or row["teardown_message"]
             add(f"     {row['test']}: plain {row['plain']} -> {row[doc['mode']]}")
+            if row.get("why"):
+                add(f"       why: {row['why']}")
             if message:
                 add(f"       {message[:200]}")
     repeated = doc["repeated_executions"]

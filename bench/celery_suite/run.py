@@ -1,11 +1,12 @@
 """Celery 5.7's own integration suite, plain and with pikku-celery installed; see README.md.
 
-    .venv/bin/python -m bench.celery_suite.run [--mode plain|all|steps|every]
+    .venv/bin/python -m bench.celery_suite.run [--mode plain|all|steps|backend|every]
 
 Each mode runs ``t/integration/test_tasks.py``, ``test_canvas.py`` and ``test_inspect.py``
-of Celery's sdist in a pytest process of its own (Redis as broker and result backend), then
-prints its counts, its time, whether it hung at teardown, the tests whose result differs from
-plain and, for the mirrored modes, what the mirror's fresh database holds.
+of Celery's sdist in a pytest process of its own (Redis as broker and result backend, or in
+the backend mode pikku-celery's result backend), then prints its counts, its time, whether it
+hung at teardown, the tests whose result differs from plain and, for the mirrored modes, what
+the mirror's fresh database holds.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.celery_suite.gates import gated_tests
 from bench.celery_suite.mirror_check import journal_report, read_mirror
 from bench.celery_suite.report import MirrorReading, load_baseline, render, summarize
-from bench.celery_suite.session import MODES, Settings, pikku_source, run_mode
+from bench.celery_suite.session import BACKEND_ALIAS, MODES, Settings, pikku_source, run_mode
 from bench.celery_suite.sources import DEFAULT_CACHE, SUITE_FILES, prepare
 
 __all__ = ["main"]
@@ -28,8 +30,8 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.celery_suite.run",
-        description="Celery 5.7's integration suite plain, with mirror='all' and with "
-        "mirror='steps', compared.",
+        description="Celery 5.7's integration suite plain, with mirror='all', with "
+        "mirror='steps' and with pikku-celery as the result backend, compared.",
     )
     parser.add_argument("--mode", choices=[*MODES, "every"], default="every")
     parser.add_argument(
@@ -49,8 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pg-url",
         default="postgresql://postgres@127.0.0.1:5432/test",
-        help="with --database postgresql: a server where database pikku_celery_suite_<mode> "
+        help="with --database postgresql: a server where database <pg-prefix>_<mode> "
         "is dropped and created for each mode",
+    )
+    parser.add_argument(
+        "--pg-prefix",
+        default="pikku_celery_suite",
+        help="the mode's database is <pg-prefix>_<mode>; give two invocations that run at "
+        "once prefixes of their own (default pikku_celery_suite)",
     )
     parser.add_argument("--timeout", type=float, default=2400.0, help="seconds per mode")
     parser.add_argument("--test-timeout", type=float, default=300.0, help="seconds per test")
@@ -70,6 +78,14 @@ def _parser() -> argparse.ArgumentParser:
         "--tests", nargs="+", default=list(SUITE_FILES), help="test files or node ids"
     )
     parser.add_argument("-k", dest="keyword", help="pytest -k expression")
+    parser.add_argument(
+        "--gates",
+        choices=["open", "closed"],
+        default="open",
+        help="the backend mode: 'open' (default) names the result backend "
+        f"{BACKEND_ALIAS}+<database>, so the tests that require a result_backend starting "
+        "with 'redis' run on pikku-celery's backend; 'closed': pikku+<database>, they skip",
+    )
     parser.add_argument(
         "--pikku",
         default="HEAD",
@@ -126,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         pikku=pikku,
         tests=tuple(args.tests),
         pytest_args=("-k", args.keyword) if args.keyword else (),
+        gates=args.gates,
+        pg_prefix=args.pg_prefix,
     )
     baseline_path: Path | None = args.baseline
     selection = {"tests": list(settings.tests), "keyword": args.keyword}
@@ -136,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     baseline: dict[str, Any] | None = (
         None if baseline_path is None else load_baseline(baseline_path)
     )
+    gated = frozenset(gated_tests(sources.root, settings.tests))
     texts: list[str] = []
     for mode in modes:
         run = run_mode(mode, sources, settings)
@@ -146,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
             before = journal_report(run.database_url, run.journal_dir, path, replay=False)
             replayed = journal_report(run.database_url, run.journal_dir, path, replay=True)
             mirror = MirrorReading(left, before, replayed, read_mirror(run.database_url))
-        doc = summarize(run, mirror, None if mode == "plain" else baseline)
+        doc = summarize(run, mirror, None if mode == "plain" else baseline, gated)
         doc["selection"] = selection
+        if mode == "backend":
+            doc["gates"] = args.gates
         if mode != "plain":
             doc["pikku"] = {
                 "label": pikku.label,

@@ -18,9 +18,23 @@ from typing import Any, Final
 from bench.celery_suite import plugin
 from bench.celery_suite.sources import SUITE_FILES, Sources
 
-__all__ = ["MODES", "ModeRun", "PikkuSource", "Settings", "pikku_source", "run_mode"]
+__all__ = [
+    "BACKEND_ALIAS",
+    "MODES",
+    "ModeRun",
+    "PikkuSource",
+    "Settings",
+    "backend_url",
+    "pikku_source",
+    "redis_helpers_env",
+    "run_mode",
+]
 
-MODES: Final = ("plain", "all", "steps")
+MODES: Final = ("plain", "all", "steps", "backend")
+#: The scheme the ``backend`` mode's result backend URL goes by when the suite's gates are
+#: open: it starts with ``redis`` (the gates' test), and the plugin makes it pikku-celery's
+#: ``PikkuBackend`` on the suite's apps. Without ``+``, as Celery splits the scheme there.
+BACKEND_ALIAS: Final = "redispikku"
 ROOT: Final = Path(__file__).resolve().parent.parent.parent
 #: The line the embedded worker's teardown raises when its thread outlives shutdown_timeout.
 WORKER_STUCK: Final = "Worker thread failed to exit within the allocated timeout"
@@ -96,6 +110,11 @@ class Settings:
     pikku: PikkuSource
     tests: tuple[str, ...] = SUITE_FILES
     pytest_args: tuple[str, ...] = ()
+    # The backend mode: "open" runs the tests that require a result_backend starting with
+    # "redis" (through BACKEND_ALIAS), "closed" names the backend pikku+<database>.
+    gates: str = "open"
+    # Databases are named <pg_prefix>_<mode>: two invocations at once need two prefixes.
+    pg_prefix: str = "pikku_celery_suite"
 
 
 @dataclass
@@ -128,10 +147,21 @@ def _clean_env(settings: dict[str, str]) -> dict[str, str]:
     env = {
         name: value
         for name, value in os.environ.items()
-        if not name.startswith(("PIKKU_", "TEST_", "CELERY_", "WORKER_LOGLEVEL"))
+        if not name.startswith(("PIKKU_", "TEST_", "CELERY_", "WORKER_LOGLEVEL", "REDIS_"))
     }
     env.update(settings)
     return env
+
+
+def redis_helpers_env(url: str) -> dict[str, str]:
+    """``REDIS_HOST``/``REDIS_PORT`` for the suite's own Redis client (``get_redis_connection``
+    in ``t/integration/tasks.py``, database 0): the server of ``url``. Its tests that read
+    what the Redis backend keeps (pub/sub channels, a chord's keys) look there, and its
+    tasks' own keys stay off any other server."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return {"REDIS_HOST": parts.hostname or "localhost", "REDIS_PORT": str(parts.port or 6379)}
 
 
 def _flush_redis(url: str) -> None:
@@ -149,7 +179,7 @@ def _fresh_database(settings: Settings, mode: str, folder: Path) -> str:
         return f"sqlite:///{folder / 'pikku.db'}"
     import psycopg
 
-    name = f"pikku_celery_suite_{mode}"
+    name = f"{settings.pg_prefix}_{mode}"
     with psycopg.connect(settings.pg_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -161,6 +191,15 @@ def _upgrade(url: str, pikku: PikkuSource) -> None:
     command = [sys.executable, "-m", "pikku_celery", "--database-url", url, "db", "upgrade"]
     env = _clean_env({"PYTHONPATH": pikku.pythonpath})
     subprocess.run(command, check=True, cwd=ROOT, env=env, capture_output=True)
+
+
+def backend_url(database_url: str, gates: str) -> str:
+    """The ``backend`` mode's ``TEST_BACKEND``: pikku-celery's result backend on the mode's
+    database, its scheme starting with ``redis`` when the gates are open."""
+    if gates not in ("open", "closed"):
+        raise ValueError(f"gates must be 'open' or 'closed', not {gates!r}")
+    scheme = BACKEND_ALIAS if gates == "open" else "pikku"
+    return f"{scheme}+{database_url}"
 
 
 def _jsonl(folder: Path) -> list[dict[str, Any]]:
@@ -219,6 +258,7 @@ def run_mode(mode: str, sources: Sources, settings: Settings) -> ModeRun:
         plugin.ENV_MODE: mode,
         plugin.ENV_OUT: str(records),
         plugin.ENV_SETTLE: str(settings.settle),
+        **redis_helpers_env(settings.redis_url),
     }
     database_url: str | None = None
     journal_dir: Path | None = None
@@ -229,6 +269,10 @@ def run_mode(mode: str, sources: Sources, settings: Settings) -> ModeRun:
         journal_dir.mkdir()
         env_settings[plugin.ENV_DATABASE_URL] = database_url
         env_settings["PIKKU_JOURNAL_DIR"] = str(journal_dir)
+    if mode == "backend" and database_url is not None:
+        env_settings["TEST_BACKEND"] = backend_url(database_url, settings.gates)
+        if settings.gates == "open":
+            env_settings[plugin.ENV_BACKEND_ALIAS] = BACKEND_ALIAS
     command = [
         sys.executable,
         "-c",

@@ -57,3 +57,24 @@ def test_results_are_kept_for_ever_when_result_expires_is_none(
     pikku.app.backend.cleanup()
     pikku.prepare_upkeep("expiry@host").reap_once(at_start=True)
     assert set(store.results.get_many(old)) == set(old)
+
+
+def test_results_expire_when_the_backend_is_named_by_another_alias(
+    store: WorkflowStore,
+) -> None:
+    # Celery finds a backend by its loader's aliases too: the store is the backend (and
+    # expires its results) whatever name the URL's scheme gives it.
+    app = Celery("expiry-alias", broker="memory://", set_as_current=False)
+    app.loader.override_backends = {"results": "pikku_celery.integration.backend:PikkuBackend"}
+    database = store.engine.url.render_as_string(hide_password=False)
+    app.conf.update(result_backend=f"results+{database}")
+    app.conf.result_expires = dt.timedelta(minutes=1)
+    pikku = PikkuCelery(app, store=store)
+    try:
+        old = _results(store, dt.timedelta(minutes=5), 2)
+        pikku.prepare_upkeep("expiry@host").reap_once(at_start=True)
+        assert type(app.backend).__name__ == "PikkuBackend"
+        assert store.results.get_many(old) == {}
+    finally:
+        pikku.uninstall()
+        app.close()
