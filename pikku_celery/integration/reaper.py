@@ -2,8 +2,8 @@
 
 Celery sends no signal when a pool process is killed (or the whole worker
 is), so the attempt it ran stays ``running`` in the mirror for ever unless
-someone looks. The reaper asks the workers, in one broadcast
-(:mod:`~pikku_celery.integration.control`), which of the open attempts'
+someone looks. The reaper asks the workers with pikku-celery
+(:mod:`~pikku_celery.integration.control`) which of the open attempts'
 tasks they hold and which still have events in their journals. An attempt
 that no answering worker holds or journals is ``lost``, and its worker is
 gone in one of three ways: its pool process died (the worker answers), its
