@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from pikku_celery.durations import format_duration
-from pikku_celery.errors import ConfigurationError, InvalidDuration, SerializationError
+from pikku_celery.errors import ConfigurationError, SerializationError
 from pikku_celery.mirror.delivery import (
     ADOPT_INTERVAL,
     BATCH_SIZE,
@@ -300,7 +299,7 @@ class CeleryMirror:
                 data_json=data_json,
                 parent_step_id=step.parent_step_id,
                 retries=step.retries,
-                retry_delay=_delay_text(step.retry_delay),
+                retry_delay=step.retry_delay,
                 eta=None if step.eta is None else step.eta.timestamp(),
                 new_run=None
                 if run is None
@@ -366,7 +365,7 @@ class CeleryMirror:
             published=published,
             data_json=None if published else self._json(data, f"input of step {step_name!r}"),
             retries=retries,
-            retry_delay=_delay_text(retry_delay),
+            retry_delay=retry_delay,
             routing_json=_routing_json(routing),
         )
 
@@ -388,7 +387,7 @@ class CeleryMirror:
                 id=new_event_id(),
                 at=time.time() if at is None else at,
                 retries=retries,
-                retry_delay=_delay_text(retry_delay),
+                retry_delay=retry_delay,
                 step_id=step_id,
                 attempt=attempt,
                 error_json=self._json(dict(error), "error"),
@@ -528,15 +527,3 @@ def _routing_json(routing: Mapping[str, Any] | None) -> str | None:
     with contextlib.suppress(TypeError):
         _ROUTINGS[key] = encoded
     return encoded
-
-
-def _delay_text(seconds: float | None) -> str | None:
-    """A task's retry delay as the tables hold it; one no duration can express (a task
-    option set by hand to -1) is left out rather than failing the user's task."""
-    if seconds is None:
-        return None
-    try:
-        return format_duration(seconds)
-    except InvalidDuration:
-        logger.warning("retry delay %r is not a duration; the step is recorded without it", seconds)
-        return None
