@@ -173,7 +173,9 @@ def main() -> int:
     try:
         for step in steps:
             if step["kind"] == "file":
-                (folder / step["name"]).write_text(step["code"], encoding="utf-8")
+                path = folder / step["name"]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(step["code"], encoding="utf-8")
             elif step["kind"] == "python":
                 session.python(step["code"], step["where"])
             else:

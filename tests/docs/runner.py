@@ -2,7 +2,7 @@
 
 The examples are run as written but for where the servers are: the addresses in
 ``SERVERS`` stand for the suite's own (a Redis database of the docs' own, a PostgreSQL
-database made for the page, a free port for the dashboard), as a user's would stand for
+database made for the page, free ports for the dashboard and Flower), as a user's would stand for
 theirs. Pages whose commands start
 a server (a Celery worker, Flower, the dashboard) run in the acceptance suite
 (``tests/acceptance/test_doc_examples.py``), the others in ``tests/docs``.
@@ -29,8 +29,9 @@ BROKER_URL = f"{REDIS_URL}/8"
 # The addresses the pages name, and what each stands for here.
 REDIS_IN_PAGES = "redis://127.0.0.1:6379/0"
 POSTGRES_IN_PAGES = "postgresql://postgres@127.0.0.1/shop"
-# The dashboard's port on the pages; another process on this machine may hold it.
-DASHBOARD_PORT_IN_PAGES = "--port 8000"
+# The dashboard's and Flower's ports on the pages, which another process on this machine may
+# hold: each page gets free ones.
+PORTS_IN_PAGES = {"8000": ("--port 8000",), "5555": ("--port=5555", "localhost:5555")}
 PAGE_TIMEOUT = 300.0
 
 
@@ -44,7 +45,8 @@ def starts_servers(page: Page) -> bool:
 
 
 def _file_name(block: Block) -> str | None:
-    """``tasks.py`` for a Python block whose first line is ``# tasks.py`` (or ``# tasks.py:``)."""
+    """``tasks.py`` for a Python block whose first line is ``# tasks.py`` (or ``# tasks.py:``,
+    or a path: ``# proj/tasks.py``)."""
     first = block.code.split("\n", 1)[0]
     if first.startswith("# ") and first.split()[1].rstrip(":").endswith(".py"):
         return first.split()[1].rstrip(":")
@@ -85,12 +87,15 @@ def run_page(page: Page, folder: Path, postgres_url: Callable[[], str]) -> None:
 
     redis.Redis.from_url(BROKER_URL).flushdb()
     database: list[str] = []
+    ports = {port: str(free_port()) for port in PORTS_IN_PAGES}
 
     def substitute(text: str) -> str:
         if POSTGRES_IN_PAGES in text and not database:
             database.append(postgres_url())
         text = text.replace(REDIS_IN_PAGES, BROKER_URL)
-        text = text.replace(DASHBOARD_PORT_IN_PAGES, f"--port {free_port()}")
+        for port, spellings in PORTS_IN_PAGES.items():
+            for spelling in spellings:
+                text = text.replace(spelling, spelling.replace(port, ports[port]))
         return text.replace(POSTGRES_IN_PAGES, database[0]) if database else text
 
     plan = folder / "steps.json"
