@@ -41,7 +41,6 @@ LANGUAGES = PYTHON + SHELL + CONSOLE
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)(?P<lang>[\w+-]*)")
 _COMMENT = re.compile(r"^\s*<!--\s*(?P<body>.*?)\s*-->\s*$")
 _INCLUDE = re.compile(r'^\s*--8<--\s+"(?P<file>[^":]+)(?::(?P<section>[\w-]+))?"\s*$')
-_SECTION = re.compile(r"--8<-- \[(?P<edge>start|end):(?P<name>[\w-]+)\]")
 _NOT_RUN = re.compile(r'^examples:\s*not-run\s+"(?P<reason>[^"]+)"$')
 _RUN_BY = re.compile(r"^examples:\s*run-by\s+(?P<test>\S+)$")
 
@@ -93,7 +92,7 @@ def _section(text: str, name: str, path: Path) -> tuple[str, int]:
     ends = [i for i, line in enumerate(lines) if f"[end:{name}]" in line]
     if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
         raise ValueError(f"{path}: no single section {name!r}")
-    return "\n".join(lines[starts[0] + 1 : ends[0]]), starts[0] + 1
+    return "\n".join(lines[starts[0] + 1 : ends[0]]), starts[0] + 2
 
 
 def _blocks(
@@ -152,8 +151,7 @@ def _blocks(
                     )
                 )
             i = end
-        if not _SECTION.search(line):
-            comments = []
+        comments = []
         i += 1
     return found
 

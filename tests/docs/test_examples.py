@@ -85,10 +85,3 @@ def test_every_page_of_the_site_is_read_and_blocks_are_found() -> None:
     # The README's first app: its file and its commands.
     readme = next(page for page in PAGES if page.name == "README.md")
     assert [b.language for b in readme.blocks][:3] == ["sh", "python", "sh"]
-
-
-def test_unknown_markers_are_refused(tmp_path: Path) -> None:
-    from tests.docs.pages import _blocks
-
-    with pytest.raises(ValueError, match="does not know"):
-        _blocks(tmp_path / "x.md", "<!-- examples: skip -->\n```python\npass\n```\n", set())
