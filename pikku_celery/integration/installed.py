@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pikku_celery.mirror import CeleryMirror
+from pikku_celery.mirror import Recorder
 
 if TYPE_CHECKING:
     # Only named in annotations: selection imports task, which looks apps up here.
@@ -28,7 +28,7 @@ class Installed(Protocol):
     def app(self) -> Any: ...
 
     @property
-    def mirror(self) -> CeleryMirror: ...
+    def mirror(self) -> Recorder: ...
 
     @property
     def selection(self) -> TaskSelection: ...
