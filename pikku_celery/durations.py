@@ -15,7 +15,7 @@ from typing import Final
 
 from pikku_celery.errors import InvalidDuration
 
-__all__ = ["format_duration", "parse_duration", "stored_duration"]
+__all__ = ["format_duration", "parse_duration"]
 
 _MS_PER_UNIT: Final = {
     **dict.fromkeys(("ms", "msec", "msecs", "millisecond", "milliseconds"), 1),
@@ -73,12 +73,3 @@ def parse_duration(text: str) -> dt.timedelta:
     if milliseconds is None:
         raise InvalidDuration(text)
     return dt.timedelta(milliseconds=milliseconds)
-
-
-def stored_duration(text: str | None) -> str | None:
-    """A delay on its way into the table: in the stored form when it is a duration at
-    all; anything else (a foreign writer's ``'exponential'``) is kept as it came."""
-    if text is None:
-        return None
-    milliseconds = _milliseconds(text)
-    return text if milliseconds is None else _text(milliseconds)

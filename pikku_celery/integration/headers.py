@@ -15,6 +15,8 @@ __all__ = [
     "RUN_ID",
     "STEP_NAME",
     "from_request",
+    "step_headers",
+    "step_message",
 ]
 
 RUN_ID: Final = "pikku_run_id"
@@ -36,3 +38,25 @@ def from_request(request: Any, name: str) -> Any:
         headers = getattr(request, "headers", None) or {}
         value = headers.get(name)
     return value
+
+
+def step_headers(run_id: str, step_name: str, *, orchestrated: bool) -> dict[str, Any]:
+    """The headers that make a message the step ``step_name`` of run ``run_id``;
+    ``orchestrated``: a durable workflow's step, whose end replays its run."""
+    headers: dict[str, Any] = {RUN_ID: run_id, STEP_NAME: step_name}
+    if orchestrated:
+        headers[ORCHESTRATED] = True
+    return headers
+
+
+def step_message(
+    run_id: str, step_id: str, step_name: str, attempt: int, *, orchestrated: bool
+) -> dict[str, Any]:
+    """The options (``apply_async``'s, ``send_task``'s) of a message that sends attempt
+    ``attempt`` of a step recorded already: its task id is the step's id, and ``retries``
+    makes the worker's ``request.retries + 1`` the attempt the store expects."""
+    return {
+        "task_id": step_id,
+        "retries": attempt - 1,
+        "headers": step_headers(run_id, step_name, orchestrated=orchestrated),
+    }

@@ -491,9 +491,6 @@ class Reaper:
         routing: Mapping[str, Any] | None = None,
     ) -> None:
         call: Mapping[str, Any] = data if isinstance(data, Mapping) else {}
-        headers: dict[str, Any] = {h.RUN_ID: run_id, h.STEP_NAME: step_name}
-        if workflow:
-            headers[h.ORCHESTRATED] = True
         # Where the first message went, not where this app would route the name today
         # (a queue given to apply_async, another app's default queue).
         where: dict[str, Any] = {}
@@ -502,15 +499,11 @@ class Reaper:
             # The default exchange routes by queue name; Celery's router would otherwise
             # put its default queue in.
             where = {"queue": key} if not exchange else {"exchange": exchange, "routing_key": key}
-        # Same task id, and `retries` so the worker's request.retries + 1 is the
-        # attempt the store expects.
         self.app.send_task(
             rpc_name,
             args=list(call.get("args") or ()),
             kwargs=dict(call.get("kwargs") or {}),
-            task_id=step_id,
-            retries=attempt_no - 1,
-            headers=headers,
+            **h.step_message(run_id, step_id, step_name, attempt_no, orchestrated=workflow),
             **where,
         )
         if workflow and self.dispatched is not None:

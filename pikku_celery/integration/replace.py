@@ -78,10 +78,10 @@ def takes_over(headers: Mapping[str, Any]) -> bool:
 
 def successor_headers(request: Any, run_id: str, step_name: str) -> dict[str, Any]:
     """What the task that takes over the step's id carries: it is the step from then on."""
-    marks: dict[str, Any] = {h.RUN_ID: run_id, h.STEP_NAME: step_name}
+    marks = h.step_headers(
+        run_id, step_name, orchestrated=bool(h.from_request(request, h.ORCHESTRATED))
+    )
     marks[h.REPLACES] = [str(request.id), attempt_of(request)]
-    if h.from_request(request, h.ORCHESTRATED):
-        marks[h.ORCHESTRATED] = True
     return marks
 
 

@@ -98,7 +98,7 @@ class _Attempt:
     delivery_ids: list[str] = field(default_factory=list)
     seen: bool = False
     retries: int | None = None
-    retry_delay: str | None = None
+    retry_delay: float | None = None
     gave_up: bool = False
 
     def move(self, status: str, at: float) -> bool:
@@ -224,7 +224,8 @@ class _Planner:
             following.scheduled_at = next_at
         following.eta = event.eta if event.eta is not None else following.eta
         following.retries = event.retries if event.retries is not None else following.retries
-        following.retry_delay = event.retry_delay or following.retry_delay
+        if event.retry_delay is not None:  # a delay of 0 is one too
+            following.retry_delay = event.retry_delay
         following.task_id = event.step_id
         following.reason = following.reason or "retry"
 

@@ -98,7 +98,7 @@ class StepPublished(MirrorEvent):
     data_json: str
     parent_step_id: str | None = None
     retries: int | None = None
-    retry_delay: str | None = None
+    retry_delay: float | None = None  # seconds
     eta: float | None = None
     new_run: tuple[str, str, str | None] | None = None
     routing_json: str | None = None
@@ -119,7 +119,7 @@ class Adoption:
     published: bool
     data_json: str | None = None
     retries: int | None = None
-    retry_delay: str | None = None
+    retry_delay: float | None = None  # seconds
     routing_json: str | None = None
 
 
@@ -144,9 +144,9 @@ class AttemptRetried(MirrorEvent):
     attempt: int
     error_json: str
     eta: float | None = None
-    #: What the step gets from now on: Celery's max_retries, and this retry's delay.
+    #: What the step gets from now on: Celery's max_retries, and this retry's delay (seconds).
     retries: int | None = None
-    retry_delay: str | None = None
+    retry_delay: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

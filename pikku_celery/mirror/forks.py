@@ -1,7 +1,7 @@
 """The pipeline's one fork guard: what a process made is its own, never its forked children's.
 
 A pool child forked by a worker inherits what its parent made: the store's
-connections, the journal's SQLite connection and lock, the flusher's state
+connections, the journal's open segment and locks, the flusher's state
 (not its thread, which a fork does not copy), the prefix of the event ids.
 Used in the child they would act on the parent's: one socket for two
 processes, one journal file, one sequence of ids. A :class:`ForkGuard`

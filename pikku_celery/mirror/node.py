@@ -98,7 +98,7 @@ class NodeJournals:
 
     def _claim(self, path: Path, child: bool) -> Journal | None:
         if not path.is_dir():
-            return None  # an earlier version's journal: adoption upgrades it
+            return None  # not a journal: a journal is a folder of segments
         if not child and owner_alive(path):
             return None  # another node's, alive: opening it would read it all for nothing
         try:

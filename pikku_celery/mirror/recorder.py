@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from pikku_celery.errors import ConfigurationError, SerializationError
+from pikku_celery.errors import SerializationError
 from pikku_celery.mirror.batches import BATCH_SIZE
 from pikku_celery.mirror.deferral import GRACE
 from pikku_celery.mirror.events import (
@@ -43,7 +43,7 @@ from pikku_celery.mirror.journal import (
     ENV_JOURNAL_DIR,
     database_folder,
     default_journal_dir,
-    probe_folder,
+    writable_folder,
 )
 from pikku_celery.mirror.orphans import ADOPT_INTERVAL
 from pikku_celery.mirror.sink import (
@@ -56,7 +56,7 @@ from pikku_celery.mirror.sink import (
     SinkStats,
 )
 from pikku_celery.mirror.sinks import DirectSink, NodeSink, own_sink
-from pikku_celery.mirror.values import PublishedStep, delay_text, routing_json, unserialisable
+from pikku_celery.mirror.values import PublishedStep, routing_json, unserialisable
 from pikku_celery.store import WorkflowStore, database_key
 
 __all__ = ["Recorder"]
@@ -180,21 +180,8 @@ class Recorder:
         return database_key(self._store.engine.url)
 
     def check_journal(self) -> Path:
-        """The journal folder, proven writable; ``ConfigurationError`` naming it if it is not.
-
-        A recorder that cannot journal loses every event, so a process finds out at once
-        (a worker refuses to start), not one ERROR line per event later.
-        """
-        folder = self.journal_folder
-        try:
-            probe_folder(folder)
-        except OSError as exc:
-            raise ConfigurationError(
-                f"pikku-celery cannot write its journal folder {folder} ({exc.strerror or exc}): "
-                f"point {ENV_JOURNAL_DIR} (or app.conf.pikku_journal_dir) at a folder this "
-                "process can write, on a local disk."
-            ) from exc
-        return folder
+        """The journal folder, proven writable (``ConfigurationError`` if it is not)."""
+        return writable_folder(self.journal_folder)
 
     # --- the sink's face ----------------------------------------------------------------
 
@@ -296,7 +283,7 @@ class Recorder:
             data_json=data_json,
             parent_step_id=step.parent_step_id,
             retries=step.retries,
-            retry_delay=delay_text(step.retry_delay),
+            retry_delay=step.retry_delay,
             eta=None if step.eta is None else step.eta.timestamp(),
             new_run=None
             if run is None
@@ -356,7 +343,7 @@ class Recorder:
             published=published,
             data_json=None if published else self._json(data, f"input of step {step_name!r}"),
             retries=retries,
-            retry_delay=delay_text(retry_delay),
+            retry_delay=retry_delay,
             routing_json=routing_json(routing),
         )
 
@@ -381,7 +368,7 @@ class Recorder:
             error_json=self._json(dict(error), "error"),
             eta=None if eta is None else eta.timestamp(),
             retries=retries,
-            retry_delay=delay_text(retry_delay),
+            retry_delay=retry_delay,
         )
         self._ended(step_id)
 

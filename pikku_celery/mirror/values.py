@@ -1,4 +1,4 @@
-"""What an event carries, encoded once when it is made: JSON values, routings, delays.
+"""What an event carries, encoded once when it is made: JSON values and routings.
 
 A value that is not JSON is stored as a marked placeholder, never dropped and
 never failing the user's task; a message's routing is kept as far as it can
@@ -10,18 +10,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pikku_celery.durations import format_duration
-from pikku_celery.errors import InvalidDuration
 from pikku_celery.store import NewRun
 
-__all__ = ["PublishedStep", "delay_text", "routing_json", "unserialisable"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["PublishedStep", "routing_json", "unserialisable"]
 
 
 def unserialisable(value: Any) -> dict[str, Any]:
@@ -82,15 +77,3 @@ def routing_json(routing: Mapping[str, Any] | None) -> str | None:
     with contextlib.suppress(TypeError):
         _ROUTINGS[key] = encoded
     return encoded
-
-
-def delay_text(seconds: float | None) -> str | None:
-    """A task's retry delay as the tables hold it; one no duration can express (a task
-    option set by hand to -1) is left out rather than failing the user's task."""
-    if seconds is None:
-        return None
-    try:
-        return format_duration(seconds)
-    except InvalidDuration:
-        logger.warning("retry delay %r is not a duration; the step is recorded without it", seconds)
-        return None

@@ -12,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from pikku_celery.durations import stored_duration
-from pikku_celery.errors import InvalidStatus
+from pikku_celery.durations import format_duration
+from pikku_celery.errors import InvalidDuration, InvalidStatus
 from pikku_celery.store import sql
 from pikku_celery.store.common import like_prefix, new_id
 from pikku_celery.store.connector import Connector, by_dialect
@@ -36,11 +37,31 @@ from pikku_celery.store.results import Results
 
 __all__ = ["Batches"]
 
+logger = logging.getLogger(__name__)
+
 
 def _iso(value: Any) -> str:
     if isinstance(value, dt.datetime):
         return value.isoformat()
     raise TypeError(f"{type(value).__name__} in a batch row")
+
+
+def _delay_text(seconds: float | None, step_id: str) -> str | None:
+    """A step's retry delay as the tables hold it. One no duration expresses (a Celery
+    task option set by hand to -1) is left out, with a warning: the step is recorded
+    anyway, and the task it mirrors never hears of it."""
+    if seconds is None:
+        return None
+    try:
+        return format_duration(seconds)
+    except InvalidDuration:
+        logger.warning(
+            "retry delay %r of step %s is not a duration; the step is recorded without it",
+            seconds,
+            step_id,
+            extra={"action": "retry_delay_left_out", "step_id": step_id},
+        )
+        return None
 
 
 class Batches:
@@ -166,8 +187,7 @@ class Batches:
                 "rpc_name": s.rpc_name,
                 "data": s.data_json,
                 "retries": s.retries,
-                # A journal written before revision 0005 holds bare seconds.
-                "retry_delay": stored_duration(s.retry_delay),
+                "retry_delay": _delay_text(s.retry_delay, s.step_id),
                 "from_step_name": s.from_step_name,
                 "parent_step_id": s.parent_step_id,
                 "now": s.at,
@@ -258,7 +278,7 @@ class Batches:
                     "deliveries": sum(1 for d in t.delivery_ids if d in counted),
                     # Failed for good: none remain, as a reader counting attempts sees it.
                     "retries": attempt - 1 if t.gave_up else t.retries,
-                    "retry_delay": None if t.gave_up else stored_duration(t.retry_delay),
+                    "retry_delay": None if t.gave_up else _delay_text(t.retry_delay, t.step_id),
                 },
             )
         # One transition per attempt, so the order between statuses does not

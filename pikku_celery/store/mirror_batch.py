@@ -45,7 +45,7 @@ class NewStep:
     parent_step_id: str | None = None
     from_step_name: str | None = None
     retries: int | None = None
-    retry_delay: str | None = None
+    retry_delay: float | None = None  # seconds
     eta: dt.datetime | None = None
     run_workflow: str | None = None
     run_input_json: str | None = None
@@ -79,10 +79,10 @@ class StepTransition:
     eta: dt.datetime | None = None
     reason: str | None = None
     delivery_ids: tuple[str, ...] = ()
-    #: The retries and delay the step gets from now on (None: as they were), and
+    #: The retries and delay (seconds) the step gets from now on (None: as they were), and
     #: ``gave_up``: Celery will not retry it again, so none remain after this attempt.
     retries: int | None = None
-    retry_delay: str | None = None
+    retry_delay: float | None = None
     gave_up: bool = False
 
 

@@ -76,18 +76,10 @@ class CeleryDispatcher:
         kwargs: dict[str, Any],
         attempt: int,
     ) -> None:
-        # The step id is the task id, and `retries` makes the worker's
-        # request.retries + 1 equal the attempt the store expects.
         task.apply_async(
             tuple(args),
             kwargs,
-            task_id=step_id,
-            retries=attempt - 1,
-            headers={
-                h.RUN_ID: run_id,
-                h.STEP_NAME: step_name,
-                h.ORCHESTRATED: True,
-            },
+            **h.step_message(run_id, step_id, step_name, attempt, orchestrated=True),
         )
         self.dispatched(step_id, attempt)
 

@@ -111,8 +111,7 @@ def write_every_way(store: WorkflowStore) -> dict[str, str]:
                     rpc_name="shop.ship",
                     data_json="{}",
                     at=now,
-                    # An event journaled before revision 0005: bare seconds.
-                    retry_delay="0.5",
+                    retry_delay=0.5,  # seconds
                     eta=now,
                     run_workflow="shop.ship",
                     run_input_json="{}",

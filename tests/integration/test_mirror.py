@@ -548,7 +548,7 @@ def test_sqlite_batches_of_several_processes_take_the_write_lock_in_turn(
 
 
 def test_a_tasks_retry_delay_lands_as_a_duration_string_and_a_bad_one_is_left_out(
-    store: WorkflowStore, tmp_path: Path
+    store: WorkflowStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     mirror = mirror_of(store, tmp_path)
     published, adopted, odd = (str(uuid.uuid4()) for _ in range(3))
@@ -564,10 +564,33 @@ def test_a_tasks_retry_delay_lands_as_a_duration_string_and_a_bad_one_is_left_ou
     )
     # A task option set by hand to a delay no duration expresses: the task is not failed.
     mirror.published(replace(lone(odd, "odd"), retry_delay=-1))
-    assert mirror.flush()
+    with caplog.at_level(logging.WARNING, logger="pikku_celery.store"):
+        assert mirror.flush()
     assert store.get_step_state(published, "charge").retry_delay == "200ms"
     assert store.get_step_state(adopted, "ship").retry_delay == "180s"
     assert store.get_step_state(odd, "odd").retry_delay is None
+    [warned] = [r for r in caplog.records if getattr(r, "action", "") == "retry_delay_left_out"]
+    assert warned.levelno == logging.WARNING and getattr(warned, "step_id", None) == odd
+    mirror.close()
+
+
+def test_a_retrys_delay_in_seconds_lands_formatted_once_and_a_zero_delay_counts(
+    store: WorkflowStore, tmp_path: Path
+) -> None:
+    """The events carry seconds; the row gets the duration string. A retry with no
+    countdown (0 seconds) replaces the delay the step had, as any other retry does."""
+    mirror = mirror_of(store, tmp_path)
+    step_id = str(uuid.uuid4())
+    mirror.published(replace(lone(step_id), retry_delay=5, retries=3))
+    mirror.started(step_id, 1, worker="w", pid=1)
+    mirror.retried(step_id, 1, ERROR, None, retries=3, retry_delay=1.5)
+    assert mirror.flush()
+    assert store.get_step_state(step_id, "charge").retry_delay == "1500ms"
+    mirror.started(step_id, 2, worker="w", pid=1)
+    mirror.retried(step_id, 2, ERROR, None, retries=3, retry_delay=0.0)
+    assert mirror.flush()
+    step = store.get_step_state(step_id, "charge")
+    assert (step.retry_delay, step.retry_delay_seconds) == ("0s", 0.0)
     mirror.close()
 
 

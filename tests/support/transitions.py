@@ -1,12 +1,13 @@
 """Steps and attempts written the way the mirror writes them: as store batches.
 
-Each function builds the :class:`MirrorBatch` that ``integration.apply`` plans for
+Each function builds the :class:`MirrorBatch` that ``mirror.apply`` plans for
 one event (JSON already encoded by the store's codec, aware UTC times, a task id
-on every published attempt) and hands it to the store in one transaction. Bad
-input fails where it fails in production: in the codec (``SerializationError``,
-``PayloadTooLarge``) or in ``format_duration`` (``InvalidDuration``), before
-anything is sent. A step the database does not have is not an error here either:
-it is in the returned ``BatchResult.missing``, and nothing of it is written.
+on every published attempt, a retry delay in seconds) and hands it to the store
+in one transaction. Bad input fails before anything is sent: in the codec
+(``SerializationError``, ``PayloadTooLarge``) or in ``format_duration``
+(``InvalidDuration``, as the store's own ``claims`` refuse a delay). A step the
+database does not have is not an error here either: it is in the returned
+``BatchResult.missing``, and nothing of it is written.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from pikku_celery.durations import format_duration
+from pikku_celery.durations import format_duration, parse_duration
 from pikku_celery.store import (
     NEXT_ATTEMPT_GAP,
     ErrorLike,
@@ -58,6 +59,11 @@ def apply(
     return store.batches.apply_batch(batch, conn=conn)
 
 
+def _seconds(delay: float | str | dt.timedelta | None) -> float | None:
+    """A delay in any form ``format_duration`` takes, as the seconds a batch carries."""
+    return None if delay is None else parse_duration(format_duration(delay)).total_seconds()
+
+
 def _error_json(store: WorkflowStore, error: ErrorLike) -> str:
     return store.codec.encode(error_document(error), "error")
 
@@ -95,7 +101,7 @@ def new_step(
         at=at or now(),
         parent_step_id=parent_step_id,
         retries=retries,
-        retry_delay=None if retry_delay is None else format_duration(retry_delay),
+        retry_delay=_seconds(retry_delay),
         eta=eta,
         run_workflow=None if new_run is None else new_run.workflow,
         run_input_json=run_input_json,
@@ -268,6 +274,6 @@ def retry(
         eta=eta,
         reason="retry",
         retries=retries,
-        retry_delay=None if retry_delay is None else format_duration(retry_delay),
+        retry_delay=_seconds(retry_delay),
     )
     return apply(store, transitions=[failed, scheduled], conn=conn)

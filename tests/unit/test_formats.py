@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from pikku_celery.durations import format_duration, parse_duration, stored_duration
+from pikku_celery.durations import format_duration, parse_duration
 from pikku_celery.errors import InvalidDuration, UnreadableValue
 from pikku_celery.schema import format_timestamp, parse_timestamp, read_flag
 
@@ -77,10 +77,3 @@ def test_a_stored_delay_reads_in_the_old_and_the_new_form() -> None:
     assert parse_duration("180s") == parse_duration("180") == dt.timedelta(seconds=180)
     with pytest.raises(InvalidDuration):
         parse_duration("exponential")
-
-
-def test_a_journaled_delay_is_converted_and_anything_else_kept() -> None:
-    assert stored_duration("0.2") == "200ms"
-    assert stored_duration("5s") == "5s"
-    assert stored_duration("exponential") == "exponential"
-    assert stored_duration(None) is None

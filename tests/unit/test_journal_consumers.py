@@ -22,7 +22,7 @@ _APPENDER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from pikku_celery.mirror import journal as module
+    from pikku_celery.mirror.journal import core as module
     module.SEGMENT_BYTES = 4096
     journal = module.Journal(Path(sys.argv[1]), "db", role="append")
     for n in range(int(sys.argv[2])):

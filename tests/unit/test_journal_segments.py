@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from pikku_celery.mirror import journal as journal_module
 from pikku_celery.mirror.journal import (
     Journal,
     JournalTail,
@@ -25,6 +24,8 @@ from pikku_celery.mirror.journal import (
     journaled_steps,
     orphaned_journals,
 )
+from pikku_celery.mirror.journal import checkpoint as checkpoint_module
+from pikku_celery.mirror.journal import core as journal_core
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,7 +97,7 @@ def test_a_length_past_any_record_is_damage_not_a_record_to_wait_for(tmp_path: P
 def test_segments_rotate_and_each_goes_once_every_record_in_it_has_left(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(journal_module, "SEGMENT_BYTES", 2048)
+    monkeypatch.setattr(journal_core, "SEGMENT_BYTES", 2048)
     path = tmp_path / "host-1-a.journal"
     journal = Journal(path, "db")
     for n in range(200):
@@ -129,7 +130,7 @@ def test_segments_rotate_and_each_goes_once_every_record_in_it_has_left(
 def test_what_has_left_is_a_checkpoint_appended_per_batch_and_a_torn_last_one_is_ignored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(journal_module, "_CHECKPOINT_BYTES", 1024)
+    monkeypatch.setattr(checkpoint_module, "_CHECKPOINT_BYTES", 1024)
     path = tmp_path / "host-1-a.journal"
     journal = Journal(path, "db")
     for n in range(60):
@@ -153,20 +154,6 @@ def test_what_has_left_is_a_checkpoint_appended_per_batch_and_a_torn_last_one_is
     adopted.remove(e.seq for e in adopted.peek(5, time.time()))
     # The adopter wrote it anew: the torn record is gone and hides no later one.
     assert journal_depth(tmp_path, only=".") == 15
-    adopted.close(delete_if_empty=False)
-
-
-def test_a_checkpoint_of_an_earlier_version_counts_until_the_first_batch(
-    tmp_path: Path,
-) -> None:
-    path = tmp_path / "host-1-a.journal"
-    left(path, 10)
-    (path / "consumed.json").write_text(json.dumps({"low": 7, "removed": [], "deferred": []}))
-    [adopted] = orphaned_journals(tmp_path, "db")
-    assert [json.loads(p)["n"] for p in payloads(adopted)] == [6, 7, 8, 9]
-    adopted.remove(e.seq for e in adopted.peek(1, time.time()))
-    assert not (path / "consumed.json").exists()
-    assert journal_depth(tmp_path, only=".") == 3
     adopted.close(delete_if_empty=False)
 
 
@@ -229,7 +216,7 @@ _TAILER = textwrap.dedent(
 def test_another_process_reads_a_journal_while_it_grows_and_rotates(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(journal_module, "SEGMENT_BYTES", 4096)
+    monkeypatch.setattr(journal_core, "SEGMENT_BYTES", 4096)
     path = tmp_path / "host-1-a.journal"
     journal = Journal(path, "db")
     count = 2000
@@ -255,7 +242,7 @@ _APPENDER = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    from pikku_celery.mirror import journal as module
+    from pikku_celery.mirror.journal import core as module
     module.SEGMENT_BYTES = 16384
     journal = module.Journal(Path(sys.argv[1]), "db")
     report = int(sys.argv[2])
@@ -302,36 +289,3 @@ def test_a_process_killed_mid_stream_leaves_every_appended_event_in_order_once(
     adopted.remove(e.seq for e in entries)
     adopted.close()
     assert list(tmp_path.iterdir()) == []
-
-
-def test_a_journal_left_by_an_earlier_version_is_upgraded_and_adopted(tmp_path: Path) -> None:
-    import sqlite3
-
-    legacy = tmp_path / "host-1-old.journal"
-    db = sqlite3.connect(legacy, isolation_level=None)
-    db.execute(
-        "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL,"
-        " payload TEXT NOT NULL, not_before REAL NOT NULL DEFAULT 0, deferred_since REAL)"
-    )
-    db.execute(
-        "CREATE TABLE set_aside (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL,"
-        " payload TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL)"
-    )
-    db.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    db.execute("INSERT INTO meta VALUES ('database', 'db')")
-    db.executemany("INSERT INTO events (kind, payload) VALUES ('started', ?)", [("1",), ("2",)])
-    db.execute("INSERT INTO set_aside VALUES (7, 'started', '0', 'a bug', 1.0)")
-    db.close()
-    Path(f"{legacy}.lock").touch()
-
-    [adopted] = orphaned_journals(tmp_path, "db")
-    assert adopted.database == "db"
-    assert (payloads(adopted), adopted.set_aside_count()) == (["1", "2"], 1)
-    assert adopted.restore_set_aside() == 1
-    assert payloads(adopted) == ["0", "1", "2"]
-    adopted.close(delete_if_empty=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "host-1-old-upgraded.journal",
-        "host-1-old-upgraded.journal.consumer",
-        "host-1-old-upgraded.journal.lock",
-    ]
