@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pikku_celery.integration.selection import TaskSelection
     from pikku_celery.integration.upkeep import Upkeep
 
-__all__ = ["Installed", "installed_on", "register", "registry", "unregister"]
+__all__ = ["Installed", "finished_result", "installed_on", "register", "registry", "unregister"]
 
 
 class Installed(Protocol):
@@ -63,3 +63,10 @@ def unregister(pikku: Installed) -> None:
 def installed_on(app: Any) -> Installed | None:
     """What is installed on ``app``; None when nothing is."""
     return registry.get(id(app))
+
+
+def finished_result(app: Any, step_id: str) -> tuple[bool, Any]:
+    """(True, result) when the workflow engine installed on ``app`` says the step already
+    succeeded (a duplicate dispatch of it); (False, None) when it did not, or none is."""
+    pikku = registry.get(id(app))
+    return (False, None) if pikku is None else pikku.finished_result(step_id)
