@@ -106,6 +106,10 @@ class Batches:
     # --- the steps of one batch ---------------------------------------------------
 
     def _apply(self, c: sa.Connection, batch: MirrorBatch) -> BatchResult:
+        """Write what the batch can and report the steps it misses (nothing of theirs is
+        written). What waits for what is the caller's to decide, but for three rules that
+        need the rows this transaction finds: a new step after its run and the step it
+        follows, a result with its attempt, a run open while a new step of it waits."""
         new_ids = {step.step_id for step in batch.steps}
         wanted = {t.step_id for t in batch.transitions} | {o.step_id for o in batch.outcomes}
         wanted |= {h.step_id for h in batch.handovers}
