@@ -16,10 +16,10 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, Protocol
 
-from celery import states
+from celery import _state, states
 from celery.canvas import group, maybe_signature
 from celery.exceptions import ChordError
 from celery.result import AsyncResult, GroupResult, ResultBase, result_from_tuple
@@ -129,7 +129,28 @@ def resume_chords(backend: ChordBackend, *, resend_after: float) -> int:
     return len(chords)
 
 
+@contextlib.contextmanager
+def _current(app: Any) -> Iterator[None]:
+    """``app`` as this thread's current app, for as long as a chord fires.
+
+    Celery binds the links of a chain decoded from a kept body to the thread's current
+    app, not to the app it was decoded with; a flusher or reaper thread's current app is
+    Celery's default, which has no broker, so the links would go to ``localhost``.
+    """
+    before = _state._tls.current_app  # type: ignore[attr-defined]  # no public getter
+    app.set_current()
+    try:
+        yield
+    finally:
+        _state._set_current_app(before)  # type: ignore[attr-defined]
+
+
 def _fire(backend: ChordBackend, chord: FiredChord) -> None:
+    with _current(backend.app):
+        _send(backend, chord)
+
+
+def _send(backend: ChordBackend, chord: FiredChord) -> None:
     app = backend.app
     body = maybe_signature(backend.decode(chord.body), app=app)
     if body is None:
