@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Final
 
-from pikku_celery.mirror import Recorder, PublishedStep
+from pikku_celery.mirror import PublishedStep, Recorder
 from pikku_celery.store import (
     MirrorBatch,
     NewRun,
