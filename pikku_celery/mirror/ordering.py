@@ -11,6 +11,10 @@ function or method below, named after what it keeps, its docstring the rule:
   :meth:`~Holds.behind_its_step` and :meth:`~Holds.behind_a_publish_of_its_run`,
   until what held them :meth:`~Holds.left`.
 
+One rule holds before anything is journaled: a task's result, which Celery
+stores before it ends the attempt, waits in the process for that attempt's end
+(``held_results``).
+
 Three rules need the rows a batch finds, so the store enforces them inside the
 batch's transaction (``Batches._apply`` in ``store/batches.py``) and reports the
 steps it found missing (``BatchResult.missing``), whose events then wait here:
