@@ -84,7 +84,7 @@ def _count_done(sender: Any = None, args: Any = None, state: str | None = None, 
 
 def delivery_snapshot(pikku: PikkuCelery) -> dict[str, Any] | None:
     """What the mirror of this process says of its delivery; None when it cannot say."""
-    stats_of = getattr(pikku.mirror, "delivery_stats", None)
+    stats_of = getattr(pikku.mirror, "stats", None)
     if stats_of is None:
         return None
     stats = stats_of()

@@ -32,7 +32,7 @@ For every run the bench reports CPU milliseconds per task by process
 (publisher, worker main process, pool children, PostgreSQL, Redis), read from
 ``/proc``; for PostgreSQL scenarios the SQL commits per task (``xact_commit`` of
 the scenario's database across the worker's life); and for mirrored runs what
-the mirror says of its own delivery (``mirror.delivery_stats()``): events
+the mirror says of its own delivery (``mirror.stats()``): events
 appended and written, batches committed, and the lag from each event to the
 commit of its batch, merged over the publisher and every worker process.
 

@@ -201,7 +201,7 @@ def report_delivery(runs: Sequence[Run]) -> list[str]:
     say(
         "(settle = SQL showing every step succeeded, minus the worker counting its last "
         "task; lags and batches are the timed run's, summed over the publisher and every "
-        "worker process; n/a = the mirror has no delivery_stats())"
+        "worker process; n/a = the mirror has no stats())"
     )
     return missed
 

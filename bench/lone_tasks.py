@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Final
 
-from pikku_celery.mirror import CeleryMirror, PublishedStep
+from pikku_celery.mirror import PublishedStep, Recorder
 from pikku_celery.store import (
     MirrorBatch,
     NewRun,
@@ -123,7 +123,7 @@ def published_steps(workflow: str, count: int) -> list[PublishedStep]:
     ]
 
 
-def mirror_tasks(mirror: CeleryMirror, steps: Sequence[PublishedStep]) -> None:
+def mirror_tasks(mirror: Recorder, steps: Sequence[PublishedStep]) -> None:
     """Every signal's event journaled, then one flush: the whole path to COMMIT."""
     pid = os.getpid()
     for step in steps:

@@ -2,7 +2,7 @@
 
 A SQLAlchemy ``before_cursor_execute`` listener in every process that talks
 to the bench database labels each statement with the outermost public
-``WorkflowStore`` method on the stack (or the ``CeleryMirror`` method that
+``WorkflowStore`` method on the stack (or the ``Recorder`` method that
 opened the transaction) and sums the time spent in it; commits are timed
 likewise. Pool children write their running totals to a file after every
 task, which the bench process adds up.
@@ -26,20 +26,20 @@ import sqlalchemy as sa
 from celery import signals
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
-import pikku_celery.mirror.core
+import pikku_celery.mirror.recorder
 import pikku_celery.store
 
 __all__ = ["Counts", "SqlCounter", "install_worker_counter", "worker_counts"]
 
 _STORE_DIR: Final = str(Path(pikku_celery.store.__file__).resolve().parent)
-_MIRROR_FILE: Final = str(Path(pikku_celery.mirror.core.__file__).resolve())
+_MIRROR_FILE: Final = str(Path(pikku_celery.mirror.recorder.__file__).resolve())
 # Store methods whose label says which status they wrote (their SQL differs by it).
 _BY_STATUS: Final = frozenset({"record_attempt", "claim_step", "move_run"})
 
 
 def _caller() -> str:
     """What sent a statement or a commit: the outermost public ``WorkflowStore`` method
-    on the stack, else the ``CeleryMirror`` method (a transaction the mirror opened)."""
+    on the stack, else the ``Recorder`` method (a transaction the mirror opened)."""
     frame: Any = sys._getframe(2)
     store: str | None = None
     mirror: str | None = None

@@ -30,7 +30,7 @@ from bench.lone_tasks import (
 from bench.store_floor import CapturedBatch, Floor, capture_calls
 from bench.store_settings import Settings
 from bench.store_targets import MAIN, Target
-from pikku_celery.mirror import CeleryMirror
+from pikku_celery.mirror import Recorder
 from pikku_celery.store import WorkflowStore
 
 TARGET_RATIO: Final = 0.7
@@ -86,7 +86,7 @@ def measure_batches(target: Target, settings: Settings) -> BatchThroughput:
         target.opened(MAIN) as store,
         tempfile.TemporaryDirectory(prefix="pikku-journal-") as journal,
     ):
-        mirror = CeleryMirror(
+        mirror = Recorder(
             store, journal_dir=journal, batch_size=size * TASK_TRANSITIONS, background=False
         )
         floor = Floor(store)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
 from celery import Celery
@@ -17,7 +17,6 @@ from celery.canvas import Signature
 
 from pikku_celery.durations import format_duration, parse_duration
 from pikku_celery.errors import ConfigurationError
-from pikku_celery.faults import crash_point
 from pikku_celery.integration import signals
 from pikku_celery.integration.backend import SCHEME, PikkuBackend, expire_results
 from pikku_celery.integration.chords import RESEND_AFTER, resume_chords
@@ -25,8 +24,8 @@ from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
 from pikku_celery.integration.upkeep import ENV_REAPER_INTERVAL, REAPER_INTERVAL, Upkeep
-from pikku_celery.mirror import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, CeleryMirror
-from pikku_celery.store import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, FiredChord, WorkflowStore
+from pikku_celery.mirror import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, Recorder
+from pikku_celery.store import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, WorkflowStore
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.engine import WorkflowEngine
 
@@ -110,7 +109,7 @@ class PikkuCelery:
                 or DEFAULT_DATABASE_URL
             )
             store = WorkflowStore(url, **_max_payload_bytes(app.conf))
-        self.mirror = CeleryMirror(
+        self.mirror = Recorder(
             store,
             journal_dir=journal_dir or app.conf.get("pikku_journal_dir") or None,
             flush_interval=float(
@@ -128,8 +127,6 @@ class PikkuCelery:
         reap_task = as_task_function(self._reap_task)
         app.task(name=REAP_TASK, ignore_result=True, shared=False)(reap_task)
         signals.install(self)
-        # A chord's last part written by this process's flusher: its body goes from here.
-        self.mirror.on_chords_fired(self._fire_chords)
         if result_backend:
             # Celery's own URL parsing finds the backend by its entry point: the same as
             # the user writing backend="pikku://".
@@ -143,20 +140,6 @@ class PikkuCelery:
         is this store all the same.
         """
         return isinstance(self.app.backend, PikkuBackend)
-
-    def _fire_chords(self, chords: Sequence[FiredChord]) -> None:
-        backend = self.app.backend
-        if not isinstance(backend, PikkuBackend):
-            logger.warning(
-                "pikku-celery has chords %s to finish, but this app's result backend is %s, "
-                "not pikku://; give every process of the app the same result backend",
-                ", ".join(c.group_id for c in chords),
-                type(backend).__name__,
-                extra={"action": "chord_without_backend"},
-            )
-            return
-        crash_point("before_chord_send", "batch")
-        backend.fire_chords(chords)
 
     def _results_upkeep(self) -> int:
         """The reaper's pass over results: one step of expiry, and chords left unsent."""

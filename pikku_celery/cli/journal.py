@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pikku_celery.mirror import ENV_JOURNAL_DIR, SUFFIX, CeleryMirror, journal_depth
+from pikku_celery.mirror import ENV_JOURNAL_DIR, SUFFIX, Recorder, journal_depth
 from pikku_celery.store import WorkflowStore, require_existing_database, safe_url
 
 __all__ = ["add_journal_command", "cmd_journal"]
@@ -19,7 +19,7 @@ def cmd_journal(args: argparse.Namespace) -> int:
         # the events instead of the database they were journaled for.
         require_existing_database(args.database_url)
     store = WorkflowStore(args.database_url)
-    mirror = CeleryMirror(store, journal_dir=args.journal_dir)
+    mirror = Recorder(store, journal_dir=args.journal_dir)
     try:
         # A folder that cannot be made is no "0 events": nothing could ever be journaled.
         folder = mirror.check_journal()

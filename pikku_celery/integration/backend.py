@@ -36,11 +36,11 @@ from kombu.utils.encoding import bytes_to_str, ensure_bytes
 from pikku_celery.errors import (
     ConfigurationError,
     PayloadTooLarge,
-    SchemaNotCurrent,
     StepNotFound,
     StoreError,
     Transient,
 )
+from pikku_celery.faults import crash_point
 from pikku_celery.integration import replace
 from pikku_celery.integration.chords import (
     SHAPE_OPTION,
@@ -49,13 +49,14 @@ from pikku_celery.integration.chords import (
     header_shape,
 )
 from pikku_celery.integration.generator_chords import LazyChords
-from pikku_celery.integration.installed import installed_on
+from pikku_celery.integration.installed import Installed, installed_on
+from pikku_celery.integration.result_sinks import Direct, Journaled, ResultSink
+from pikku_celery.mirror import chord_applied, chord_extended, chord_sent, result_stored
 from pikku_celery.store import (
     DEFAULT_DATABASE_URL,
     ENV_DATABASE_URL,
     FiredChord,
     ResultWatch,
-    ResultWrite,
     WorkflowStore,
     now,
     safe_url,
@@ -65,11 +66,12 @@ from pikku_celery.store import (
 __all__ = [
     "EXPIRE_BATCH",
     "SCHEME",
+    "AppChords",
     "PikkuBackend",
     "ResultTooLarge",
+    "executed",
     "executing",
     "expire_results",
-    "take_stashed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -79,12 +81,12 @@ _T = TypeVar("_T")
 SCHEME: Final = "pikku"
 #: Results (and groups) deleted per statement when they expire: short transactions.
 EXPIRE_BATCH: Final = 1000
-# Written by the task's end, which the worker's signal handlers journal after the
-# attempt's own end: a reader never sees SUCCESS before SQL shows the attempt succeeded.
+# Written by the task's end, which the recorder hands on after the attempt's own end
+# (``mirror/held_results.py``): a reader never sees SUCCESS before SQL shows the attempt
+# succeeded.
 _AFTER_THE_ATTEMPT: Final = frozenset({states.SUCCESS, states.FAILURE, states.RETRY})
-_STASH: Final = "pikku_result"
 # Set on a request by ``task_prerun``: its task's body runs in this process, and its
-# ``task_postrun`` (which journals the stash) follows.
+# ``task_postrun`` (which hands on a result no attempt's end did) follows.
 _EXECUTING: Final = "pikku_executing"
 # Waiting: look often at first (a task's end is in SQL within the flush lag), then
 # at most every ``interval`` Celery was given.
@@ -140,16 +142,44 @@ class PikkuBackend(BaseBackend):
         # listener serve every thread (a web app's), so Celery may share it.
         self.thread_safe = True
         self._named = _url_of(url)
-        self._own: WorkflowStore | None = None
-        self._own_pid = 0
-        self._checked: WorkflowStore | None = None
         self._lock = threading.Lock()
         self._lazy_chords = LazyChords()
-        pikku = installed_on(app)
+        self._chosen: tuple[Installed | None, int, ResultSink] | None = None
+        if installed_on(app) is not None:
+            self._sink  # noqa: B018 - a URL naming another database than the mirror's fails now
+
+    # --- the sink, chosen once --------------------------------------------------------
+
+    @property
+    def _sink(self) -> ResultSink:
+        """Where results go: through the app's ``PikkuCelery`` when one is installed, else
+        straight to a store of this process's own (a process that only reads or stores
+        results: a web app calling ``AsyncResult.get()``). Chosen again only when another
+        ``PikkuCelery`` is installed, or in a forked child (its own connections)."""
+        pikku, pid = installed_on(self.app), os.getpid()
+        chosen = self._chosen
+        if chosen is not None and chosen[0] is pikku and chosen[1] == pid:
+            return chosen[2]
+        with self._lock:
+            sink = self._choose(pikku, chosen)
+            self._chosen = (pikku, pid, sink)
+            return sink
+
+    def _choose(
+        self, pikku: Installed | None, before: tuple[Installed | None, int, ResultSink] | None
+    ) -> ResultSink:
         if pikku is not None:
             self._check_same(pikku.mirror.store)
-
-    # --- the store -----------------------------------------------------------------
+            return Journaled(pikku)
+        if before is not None and before[0] is None and before[1] != os.getpid():
+            before[2].store.dispose_after_fork()  # the parent's connections stay its own
+        url = (
+            self._named
+            or self.app.conf.get("pikku_database_url")
+            or os.environ.get(ENV_DATABASE_URL)
+            or DEFAULT_DATABASE_URL
+        )
+        return Direct(WorkflowStore(url), self.fire_chords)
 
     def _check_same(self, store: WorkflowStore) -> None:
         mirrored = store.engine.url.render_as_string(hide_password=False)
@@ -162,28 +192,8 @@ class PikkuBackend(BaseBackend):
 
     @property
     def store(self) -> WorkflowStore:
-        """The app's mirror's store, or one of this process's own (a process that only
-        reads results: a web app calling ``AsyncResult.get()``)."""
-        pikku = installed_on(self.app)
-        if pikku is not None:
-            mirrored = pikku.mirror.store
-            # Once per store, not per result: the check renders URLs.
-            if mirrored is not self._checked:
-                self._check_same(mirrored)
-                self._checked = mirrored
-            return mirrored
-        with self._lock:
-            if self._own is None or self._own_pid != os.getpid():
-                url = (
-                    self._named
-                    or self.app.conf.get("pikku_database_url")
-                    or os.environ.get(ENV_DATABASE_URL)
-                    or DEFAULT_DATABASE_URL
-                )
-                if self._own is not None:
-                    self._own.dispose_after_fork()  # the parent's connections stay its own
-                self._own, self._own_pid = WorkflowStore(url), os.getpid()
-            return self._own
+        """The store results are in: the app's mirror's, or this process's own."""
+        return self._sink.store
 
     # --- writes --------------------------------------------------------------------
 
@@ -219,51 +229,15 @@ class PikkuBackend(BaseBackend):
             )
             meta["task_id"] = bytes_to_str(task_id)
             encoded = ensure_bytes(self.encode(meta))
-        row = ResultWrite(
-            task_id=str(task_id),
-            attempt=_attempt(request, task_id),
-            status=state,
-            meta=encoded,
-            at=now(),
-            date_done=_date(meta.get("date_done")),
+        event = result_stored(
+            str(task_id), _attempt(request, task_id), state, encoded, _date(meta.get("date_done"))
         )
-        pikku = installed_on(self.app)
-        if pikku is None:
-            # No journal in this process: one write now, and a chord it completes fires.
-            self.fire_chords(self.store.results.write([row]))
-        elif state in _AFTER_THE_ATTEMPT and _executing(request, task_id):
-            setattr(request, _STASH, row)  # journaled by task_postrun, after the attempt
-        elif _running(request, task_id) or current_task:
-            # With the events of that task or of the task running here (the worker's main
-            # process failing a rejected task, the later links of a failed chain): the
-            # journal, and no database round trip on a task's path.
-            pikku.mirror.result_stored(
-                row.task_id, row.attempt, row.status, row.meta, row.date_done
-            )
-        else:
-            self._write_now(pikku, row)
+        self._sink.result(
+            event,
+            held=state in _AFTER_THE_ATTEMPT and _executing(request, task_id),
+            in_task=_running(request, task_id) or bool(current_task),
+        )
         return result
-
-    def _write_now(self, pikku: Any, row: ResultWrite) -> None:
-        """A state stored outside any task (another process playing a worker, a revoke,
-        a chord's error) has no attempt to wait behind: it is in SQL when ``store_result``
-        returns, so whoever reads next sees it. With the database away it is journaled
-        instead, written once it is back; the caller is not failed for it."""
-        try:
-            self.fire_chords(self.store.results.write([row]))
-        except StoreError as exc:
-            if not isinstance(exc, Transient | SchemaNotCurrent):
-                raise
-            logger.info(
-                "pikku-celery journals the %s state of task %s to write it later: %s",
-                row.status,
-                row.task_id,
-                exc,
-                extra={"action": "result_journaled", "task_id": row.task_id},
-            )
-            pikku.mirror.result_stored(
-                row.task_id, row.attempt, row.status, row.meta, row.date_done
-            )
 
     # --- chords, finished here (no celery.chord_unlock) ------------------------------
 
@@ -290,9 +264,8 @@ class PikkuBackend(BaseBackend):
     def _kept_body(self, body: Any, shape: Any | None) -> bytes:
         """The body as the chord keeps it, with what its sending needs and the header
         tasks do not carry."""
-        pikku = installed_on(self.app)
-        if pikku is not None:  # a group replacing the running step: its body carries it on
-            replace.follow_chord_body(body, pikku.selection.step_name)
+        # A group replacing the running step: its body carries it on.
+        replace.follow_chord_body(body, self._sink.step_name)
         kept: dict[str, Any] = {}
         if shape is not None:
             kept[SHAPE_OPTION] = shape
@@ -308,39 +281,25 @@ class PikkuBackend(BaseBackend):
         return ensure_bytes(self.encode(body))
 
     def _keep(self, group_id: str, parts: Sequence[str], encoded: bytes) -> None:
-        pikku = installed_on(self.app)
-        if pikku is None:
-            # Its parts may all be done already (the header was sent before, with this id).
-            self.fire_chords(self.store.results.apply_chord(group_id, parts, encoded))
-        else:
-            # Journaled like a result: publishing a chord needs no database round trip.
-            # Its header's results may reach SQL first (other processes' journals): the
-            # chord is counted as it lands too.
-            pikku.mirror.chord_applied(group_id, parts, encoded)
+        # Its parts may all be done already (the header was sent before, with this id):
+        # the chord is counted as it lands, and fires then.
+        self._sink.chord(chord_applied(group_id, parts, encoded))
 
     def add_to_chord(self, chord_id: str, result: Any) -> None:
-        """``Task.add_to_chord``: the chord waits for one more part, journaled (before that
-        task is published and before the adding task's own result)."""
-        pikku = installed_on(self.app)
-        if pikku is None:
-            self.store.results.add_to_chords([(str(chord_id), str(result.id))])
-        else:
-            pikku.mirror.chord_extended(str(chord_id), str(result.id))
+        """``Task.add_to_chord``: the chord waits for one more part, recorded before that
+        task is published and before the adding task's own result."""
+        self._sink.chord(chord_extended(str(chord_id), str(result.id)))
 
     def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
         """Nothing: a part counts when its result is in SQL, in that result's transaction."""
 
     def fire_chords(self, chords: Sequence[FiredChord]) -> None:
         """Send the bodies of chords whose parts are all done (after their COMMIT), and
-        note each as sent: through the journal, or in SQL in a process without one."""
-        pikku = installed_on(self.app)
-        if pikku is not None:
-            fire_chords(self, chords, pikku.mirror.chord_sent)
-        else:
-            fire_chords(self, chords, self._mark_sent)
+        note each as sent."""
+        fire_chords(self, chords, self._sent)
 
-    def _mark_sent(self, group_id: str) -> None:
-        self.store.results.mark_sent([(group_id, now())])
+    def _sent(self, group_id: str) -> None:
+        self._sink.chord(chord_sent(group_id))
 
     def cleanup(self) -> None:
         """What Celery's ``celery.backend_cleanup`` (beat) calls: every expired result goes.
@@ -379,13 +338,7 @@ class PikkuBackend(BaseBackend):
         may still be in the dead process's journal, written within seconds by adoption.
         Only the main process does this, and only for a result not ready: it reads the
         journals of the processes that are gone first."""
-        pikku = installed_on(self.app)
-        if pikku is None or not pikku.runs_upkeep:
-            return False
-        # Returns once no adoption of this process is under way (the flusher's may have
-        # taken the journal first): what it wrote is committed by then.
-        pikku.mirror.adopt_orphans()
-        return True
+        return self._sink.adopted()
 
     def _restore_group(self, group_id: str) -> dict[str, Any] | None:
         payload = self.store.results.get_group(str(group_id))
@@ -575,6 +528,29 @@ class _Away:
         )
 
 
+class AppChords:
+    """After COMMIT in the recorder's sink: the bodies of the chords its batch completed,
+    sent by the app's result backend, which has to be this one (every process of an app
+    is given the same result backend)."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    def __call__(self, chords: Sequence[FiredChord]) -> None:
+        backend = self._app.backend
+        if not isinstance(backend, PikkuBackend):
+            logger.warning(
+                "pikku-celery has chords %s to finish, but this app's result backend is %s, "
+                "not pikku://; give every process of the app the same result backend",
+                ", ".join(c.group_id for c in chords),
+                type(backend).__name__,
+                extra={"action": "chord_without_backend"},
+            )
+            return
+        crash_point("before_chord_send", "batch")
+        backend.fire_chords(chords)
+
+
 def expire_results(app: Any, store: WorkflowStore, limit: int = EXPIRE_BATCH) -> int:
     """Delete up to ``limit`` results older than ``result_expires`` (Celery's setting; None
     keeps them for ever); returns how many went."""
@@ -587,19 +563,16 @@ def expire_results(app: Any, store: WorkflowStore, limit: int = EXPIRE_BATCH) ->
 
 def executing(request: Any) -> None:
     """``task_prerun``: the task of ``request`` runs its body in this process now, and its
-    ``task_postrun`` follows, to journal the result its end stores (:func:`take_stashed`)."""
+    ``task_postrun`` follows (:func:`executed`): the result its end stores waits for the
+    attempt's end."""
     if request is not None:
         setattr(request, _EXECUTING, True)
 
 
-def take_stashed(request: Any) -> ResultWrite | None:
-    """The result a task's end left on its request for the mirror, once (``task_postrun``)."""
+def executed(request: Any) -> None:
+    """``task_postrun``: the task of ``request`` has run."""
     if request is not None and getattr(request, _EXECUTING, False):
         delattr(request, _EXECUTING)
-    row = getattr(request, _STASH, None)
-    if row is not None:
-        delattr(request, _STASH)
-    return row if isinstance(row, ResultWrite) else None
 
 
 def _running(request: Any, task_id: str) -> bool:

@@ -16,21 +16,22 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Final, Protocol
 
-from celery import states
+from celery import _state, states
 from celery.canvas import group, maybe_signature
 from celery.exceptions import ChordError
 from celery.result import AsyncResult, GroupResult, ResultBase, result_from_tuple
 
 from pikku_celery.errors import StepNotFound
 from pikku_celery.integration.run_context import RunContext, current_run
-from pikku_celery.store import FiredChord, now
+from pikku_celery.store import FiredChord, WorkflowStore, now
 
 __all__ = [
     "RESEND_AFTER",
     "SHAPE_OPTION",
+    "ChordBackend",
     "chord_parts",
     "fire_chords",
     "header_shape",
@@ -47,6 +48,23 @@ RESEND_AFTER: Final = 30.0
 SHAPE_OPTION: Final = "pikku_header_shape"
 # Seconds a chord whose parts are all done may wait for a batch to fire it.
 _DUE_AFTER: Final = 5.0
+
+
+class ChordBackend(Protocol):
+    """What firing a chord needs of the result backend (``PikkuBackend`` has it)."""
+
+    app: Any
+
+    @property
+    def store(self) -> WorkflowStore: ...
+
+    def decode(self, payload: Any) -> Any: ...
+
+    def decode_result(self, payload: Any) -> Any: ...
+
+    def chord_error_from_stack(self, callback: Any, exc: Any = None) -> Any: ...
+
+    def fire_chords(self, chords: Sequence[FiredChord]) -> None: ...
 
 
 def header_shape(header: GroupResult) -> Any | None:
@@ -71,7 +89,9 @@ def chord_parts(header: ResultBase) -> list[str]:
     return []
 
 
-def fire_chords(backend: Any, chords: Iterable[FiredChord], sent: Callable[[str], object]) -> None:
+def fire_chords(
+    backend: ChordBackend, chords: Iterable[FiredChord], sent: Callable[[str], object]
+) -> None:
     """Send each chord's body, or fail it, then tell ``sent`` its id; a chord's failure
     never stops the others, and one not told is sent again by the reaper."""
     for chord in chords:
@@ -87,7 +107,7 @@ def fire_chords(backend: Any, chords: Iterable[FiredChord], sent: Callable[[str]
             sent(chord.group_id)
 
 
-def resume_chords(backend: Any, *, resend_after: float) -> int:
+def resume_chords(backend: ChordBackend, *, resend_after: float) -> int:
     """The reaper's part: fire the chords whose firing no batch claimed (the chord and its
     last result landed at once, in two transactions), and send again the bodies of chords
     claimed ``resend_after`` seconds ago and never said sent (the process that claimed one
@@ -109,7 +129,28 @@ def resume_chords(backend: Any, *, resend_after: float) -> int:
     return len(chords)
 
 
-def _fire(backend: Any, chord: FiredChord) -> None:
+@contextlib.contextmanager
+def _current(app: Any) -> Iterator[None]:
+    """``app`` as this thread's current app, for as long as a chord fires.
+
+    Celery binds the links of a chain decoded from a kept body to the thread's current
+    app, not to the app it was decoded with; a flusher or reaper thread's current app is
+    Celery's default, which has no broker, so the links would go to ``localhost``.
+    """
+    before = _state._tls.current_app  # type: ignore[attr-defined]  # no public getter
+    app.set_current()
+    try:
+        yield
+    finally:
+        _state._set_current_app(before)  # type: ignore[attr-defined]
+
+
+def _fire(backend: ChordBackend, chord: FiredChord) -> None:
+    with _current(backend.app):
+        _send(backend, chord)
+
+
+def _send(backend: ChordBackend, chord: FiredChord) -> None:
     app = backend.app
     body = maybe_signature(backend.decode(chord.body), app=app)
     if body is None:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pikku_celery.mirror import CeleryMirror
+from pikku_celery.mirror import Recorder
 
 if TYPE_CHECKING:
     # Only named in annotations: selection imports task, which looks apps up here.
     from pikku_celery.integration.selection import TaskSelection
     from pikku_celery.integration.upkeep import Upkeep
 
-__all__ = ["Installed", "installed_on", "register", "registry", "unregister"]
+__all__ = ["Installed", "finished_result", "installed_on", "register", "registry", "unregister"]
 
 
 class Installed(Protocol):
@@ -28,7 +28,7 @@ class Installed(Protocol):
     def app(self) -> Any: ...
 
     @property
-    def mirror(self) -> CeleryMirror: ...
+    def mirror(self) -> Recorder: ...
 
     @property
     def selection(self) -> TaskSelection: ...
@@ -63,3 +63,10 @@ def unregister(pikku: Installed) -> None:
 def installed_on(app: Any) -> Installed | None:
     """What is installed on ``app``; None when nothing is."""
     return registry.get(id(app))
+
+
+def finished_result(app: Any, step_id: str) -> tuple[bool, Any]:
+    """(True, result) when the workflow engine installed on ``app`` says the step already
+    succeeded (a duplicate dispatch of it); (False, None) when it did not, or none is."""
+    pikku = registry.get(id(app))
+    return (False, None) if pikku is None else pikku.finished_result(step_id)

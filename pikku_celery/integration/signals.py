@@ -22,7 +22,7 @@ from celery.exceptions import Reject, Retry
 from pikku_celery.faults import crash_point
 from pikku_celery.integration import control, installed, replace
 from pikku_celery.integration import headers as h
-from pikku_celery.integration.backend import executing, take_stashed
+from pikku_celery.integration.backend import AppChords, executed, executing
 from pikku_celery.integration.installed import Installed, installed_on, registry
 from pikku_celery.integration.run_context import RunContext, current_run
 from pikku_celery.integration.task import retry_policy
@@ -48,6 +48,8 @@ _UID: Final = "pikku_celery.{}"
 def install(pikku: Installed) -> None:
     """Mirror ``pikku.app``'s tasks in this process (the handlers are connected once)."""
     installed.register(pikku)
+    # A chord's last part written by this process's sink: its body goes from here.
+    pikku.mirror.on_chords_fired(AppChords(pikku.app))
     control.register(_journal_folders)
     for signal, handler in _HANDLERS:
         signal.connect(handler, weak=False, dispatch_uid=_UID.format(handler.__name__))
@@ -228,12 +230,12 @@ def _call_data(args: Any, kwargs: Any) -> dict[str, Any]:
 
 
 def _journal_result(task: Any) -> None:
-    """The result ``backend="pikku://"`` stored at the task's end, journaled after the
-    attempt's own end (the handlers above ran first), so it is never in SQL before it."""
-    row = take_stashed(getattr(task, "request", None))
+    """The task has run: a result ``backend="pikku://"`` stored at its end that no
+    mirrored end of its attempt handed on (a task the mirror does not record) goes now."""
+    request = getattr(task, "request", None)
+    executed(request)
     pikku = installed_on(getattr(task, "app", None))
-    if row is not None and pikku is not None:
-        pikku.mirror.result_stored(row.task_id, row.attempt, row.status, row.meta, row.date_done)
+    if pikku is not None and request is not None and pikku.mirror.release(str(request.id)):
         crash_point("after_result_journaled", str(getattr(task, "name", "")))
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from celery import Task
 
 from pikku_celery.integration import headers as h
-from pikku_celery.integration.installed import installed_on
+from pikku_celery.integration.installed import finished_result
 
 if TYPE_CHECKING:
     _TaskBase = Task[Any, Any]
@@ -59,12 +59,9 @@ class WorkflowTask(_TaskBase):
         if getattr(request, "id", None) and h.from_request(request, h.ORCHESTRATED):
             # A workflow step dispatched twice (a replay crashed between sending
             # it and recording that) must not do its work twice.
-            # The workflow engine's answer, through what is installed on the app.
-            pikku = installed_on(self.app)
-            if pikku is not None:
-                done, result = pikku.finished_result(str(request.id))
-                if done:
-                    return result
+            done, result = finished_result(self.app, str(request.id))
+            if done:
+                return result
         return super().__call__(*args, **kwargs)
 
 

@@ -28,7 +28,7 @@ from typing import Final
 
 from pikku_celery.errors import SchemaNotCurrent
 from pikku_celery.integration.reaper import Reaper, ReapReport
-from pikku_celery.mirror import CeleryMirror
+from pikku_celery.mirror import Recorder
 
 __all__ = ["ENV_REAPER_INTERVAL", "REAPER_INTERVAL", "Recover", "Upkeep"]
 
@@ -50,7 +50,7 @@ Recover = Callable[[Callable[[], bool]], int]
 class Upkeep:
     def __init__(
         self,
-        mirror: CeleryMirror,
+        mirror: Recorder,
         reaper: Callable[[], Reaper],
         *,
         holder: str,

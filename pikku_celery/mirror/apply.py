@@ -45,6 +45,7 @@ from pikku_celery.mirror.events import (
     StepDispatched,
     StepPublished,
 )
+from pikku_celery.mirror.ordering import adopts, parent_link
 from pikku_celery.store import (
     NEXT_ATTEMPT_GAP,
     STATUS_RANK,
@@ -59,7 +60,6 @@ from pikku_celery.store import (
 
 __all__ = ["Pending", "plan"]
 
-_TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled"})
 _LONE_TASK_WIRE: Final = '{"type":"task"}'
 _GAP: Final = NEXT_ATTEMPT_GAP.total_seconds()
 
@@ -158,8 +158,7 @@ class _Planner:
                 rpc_name=event.rpc_name,
                 data_json=event.data_json,
                 at=moment(event.at),
-                # Waited too long for the step it follows: recorded without the link.
-                parent_step_id=None if overdue else event.parent_step_id,
+                parent_step_id=parent_link(event, overdue),
                 retries=event.retries,
                 retry_delay=event.retry_delay,
                 eta=_maybe(event.eta),
@@ -193,7 +192,7 @@ class _Planner:
 
     def started(self, event: AttemptStarted, overdue: bool) -> None:
         adoption = event.adoption
-        if adoption is not None and (not adoption.published or overdue):
+        if adoption is not None and adopts(adoption, overdue):
             self.adopt(event, adoption)
         row = self.attempt(event.step_id, event.attempt)
         row.move("running", event.at)

@@ -16,6 +16,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -25,13 +26,9 @@ from pikku_celery.errors import StoreConflict
 from pikku_celery.faults import crash_point
 from pikku_celery.mirror.apply import Pending, plan
 from pikku_celery.mirror.deferral import Deferral
-from pikku_celery.mirror.events import (
-    AttemptEnded,
-    AttemptSucceeded,
-    StepPublished,
-    decode,
-)
+from pikku_celery.mirror.events import AttemptEnded, AttemptSucceeded, MirrorEvent, decode
 from pikku_celery.mirror.journal import Journal, JournalEntry
+from pikku_celery.mirror.ordering import Holds, overdue, waits_for_its_step
 from pikku_celery.mirror.outage import Outage, an_outage
 from pikku_celery.store import FiredChord, WorkflowStore
 
@@ -77,15 +74,10 @@ class BatchWriter:
         self._committed = committed
         self._fired = fired
         self._lock = threading.Lock()
-        # Per journal, the steps with events deferred in it: a result of such a step waits
-        # behind them, so it is never in SQL before the attempt it belongs to.
-        # (step id -> the seqs of its events that wait): its later events wait behind them.
-        self._held: dict[str, dict[str, set[int]]] = {}
-        # Per journal, the runs with a step whose publish is deferred in it (a chain's next
-        # link, published by the pool process that ran the link before): a success of that
-        # run's steps journaled after it waits behind it, or the run would complete without
-        # the step. (run id -> step id -> the seq of its publish.)
-        self._held_runs: dict[str, dict[str, dict[str, int]]] = {}
+        # What waits in each journal that holds any, for the events behind it there: what
+        # this writer deferred in that journal, so kept as long as it holds the journal (a
+        # left-over journal adopted again starts afresh, as in another process).
+        self._holds: weakref.WeakKeyDictionary[Journal, Holds] = weakref.WeakKeyDictionary()
         self.written = self.batches = 0
         self.lags: deque[float] = deque(maxlen=_LAG_SAMPLES)
 
@@ -132,8 +124,7 @@ class BatchWriter:
 
     def forget(self, journal: Journal) -> None:
         """A journal that is gone: nothing of it is held any more."""
-        self._held.pop(str(journal.path), None)
-        self._held_runs.pop(str(journal.path), None)
+        self._holds.pop(journal, None)
 
     def _write(self, peeked: Sequence[tuple[Journal, Sequence[JournalEntry]]], now: float) -> int:
         """Write one batch of what was peeked; returns how many events it took."""
@@ -147,8 +138,8 @@ class BatchWriter:
                 except ValueError as exc:
                     self._deferral.put_aside(journal, entry, f"not a mirror event: {exc}")
                     continue
-                waited = entry.deferred_since is not None and now - entry.deferred_since > grace
-                lane.append(_Item(journal, entry, Pending(entry.seq, event, waited)))
+                late = overdue(entry.deferred_since, now, grace)
+                lane.append(_Item(journal, entry, Pending(entry.seq, event, late)))
             if lane:
                 lanes.append(lane)
         # One journal is one process's events in order; across processes, the order the
@@ -158,59 +149,35 @@ class BatchWriter:
             if len(lanes) == 1
             else list(itertools.islice(heapq.merge(*lanes, key=_when), self.batch_size))
         )
-        behind = self._behind_their_step(items)
+        self._write_in_order(items, now)
+        return len(items)
+
+    def _write_in_order(self, items: Sequence[_Item], now: float) -> None:
+        """Write ``items`` but those that wait behind an earlier event of their journal."""
+        behind = self._behind(items)
         if behind:
             for journal, lane in _by_journal(behind):
-                self._deferral.defer(
-                    journal, [i.pending for i in lane], {i.entry.seq: i.entry for i in lane}, now
-                )
-            for journal, lane in _by_journal(behind):
-                # They wait now: what follows them in their step (or run) waits behind them.
-                self._hold(journal, done=[], waiting=[i.pending for i in lane])
-                self._publishes(journal, done=[], waiting=[i.pending for i in lane])
+                self._defer(journal, lane, now)
             waiting = {id(i) for i in behind}
             items = [i for i in items if id(i) not in waiting]
         self._write_pending(items)
-        return len(items) + len(behind)
 
-    def _behind_their_step(self, items: Sequence[_Item]) -> list[_Item]:
-        """Events that wait for an earlier event of their journal, deferred and not written
-        in this batch: any later event of the same step (a redelivery's start, the
-        attempt's end, its result: one process's events of a step keep their order), and a
-        step's success for a publish of its run (a chain's next link).
-
-        What this batch writes is decided in order, so an event that waits holds back those
-        behind it; and a success waits for the publish itself, not for any event of that
-        step (the link's own start, due before its publish, waits too)."""
-        if not any(self._held.values()) and not any(self._held_runs.values()):
+    def _behind(self, items: Sequence[_Item]) -> list[_Item]:
+        """The events that wait behind an earlier one of their journal (see ``Holds``)."""
+        if not self._holds:
             return []
-        written: set[tuple[int, int]] = set()  # (journal, seq) this batch writes
-        behind = []
-        for item in items:
-            event, path, lane = item.pending.event, str(item.journal.path), id(item.journal)
-            held = self._held.get(path, {}).get(event.step_id)
-            first = min(held) if held else None
-            if first is not None and first < item.pending.seq and (lane, first) not in written:
-                waits = True
-            elif isinstance(event, AttemptSucceeded) and event.run_id is not None:
-                publishes = self._held_runs.get(path, {}).get(event.run_id, {})
-                waits = any(
-                    seq < item.pending.seq and (lane, seq) not in written
-                    for seq in publishes.values()
-                )
-            else:
-                waits = False
-            if waits:
-                behind.append(item)
-                continue
-            written.add((lane, item.pending.seq))
+        behind: list[_Item] = []
+        for journal, lane in _by_journal(items):
+            holds = self._holds.get(journal)
+            if holds:
+                behind.extend(holds.behind(lane))
         return behind
 
     def _write_pending(self, items: Sequence[_Item]) -> None:
         if not items:
             return
         store = self._store()
-        if any(i.journal.external and isinstance(i.pending.event, _ENDS) for i in items):
+        if any(i.journal.external and isinstance(i.event, _ENDS) for i in items):
             # A node's flusher dies with another process's ended attempt in hand.
             crash_point("before_commit", "node")
         try:
@@ -219,62 +186,54 @@ class BatchWriter:
             if an_outage(exc):
                 raise
             if len(items) > 1:  # a poison event: split until it is alone
+                # Each half in order: what the first left waiting holds the second's back.
                 half = len(items) // 2
-                self._write_pending(items[:half])
-                self._write_pending(items[half:])
+                self._write_in_order(items[:half], time.time())
+                self._write_in_order(items[half:], time.time())
                 return
             self._deferral.put_aside(items[0].journal, items[0].entry, _reason(exc))
-            self._hold(items[0].journal, done=[items[0].pending], waiting=[])
-            self._publishes(items[0].journal, done=[items[0].pending], waiting=[])
+            self._left(items[0].journal, items)
             return
         committed = time.time()
         for journal, lane in _by_journal(items):
-            waiting = [i.pending for i in lane if i.pending.event.step_id in result.missing]
-            done = [i.pending for i in lane if i.pending.event.step_id not in result.missing]
-            journal.remove(p.seq for p in done)
-            self._deferral.defer(journal, waiting, {i.entry.seq: i.entry for i in lane}, committed)
-            self._hold(journal, done, waiting)
-            self._publishes(journal, done, waiting)
+            waiting = [i for i in lane if waits_for_its_step(i.event, result.missing)]
+            done = [i for i in lane if not waits_for_its_step(i.event, result.missing)]
+            journal.remove(i.seq for i in done)
+            self._left(journal, done)
+            self._defer(journal, waiting, committed)
             self.written += len(done)
-            self.lags.extend(committed - p.event.at for p in done)
+            self.lags.extend(committed - i.event.at for i in done)
         self.batches += 1
         if result.replay:
             self._committed(result.replay)
         if result.fired:
             self._fired(result.fired)
 
-    def _hold(self, journal: Journal, done: Sequence[Pending], waiting: Sequence[Pending]) -> None:
-        """Keep, per step, the first of its events that waits in ``journal`` (``_held``)."""
-        held = self._held.setdefault(str(journal.path), {})
-        gone = {id(item) for item in done}
-        for item in (*done, *waiting):
-            seqs = held.setdefault(item.event.step_id, set())
-            # One that waited past its grace is set aside by the deferral: it holds nothing.
-            if id(item) in gone or item.overdue:
-                seqs.discard(item.seq)
+    def _defer(self, journal: Journal, lane: Sequence[_Item], now: float) -> None:
+        """These wait in their journal, and hold those behind them; the deferral sets aside
+        those that waited past their grace, which hold nothing."""
+        if not lane:
+            return
+        entries = {i.seq: i.entry for i in lane}
+        aside = self._deferral.defer(journal, [i.pending for i in lane], entries, now)
+        holds = self._holds.setdefault(journal, Holds())
+        for item in lane:
+            if item.seq in aside:
+                holds.left(item)
             else:
-                seqs.add(item.seq)
-            if not seqs:
-                del held[item.event.step_id]
+                holds.deferred(item)
+        if not holds:
+            del self._holds[journal]
 
-    def _publishes(
-        self, journal: Journal, done: Sequence[Pending], waiting: Sequence[Pending]
-    ) -> None:
-        """Keep the runs with a publish deferred in ``journal`` (see ``_held_runs``)."""
-        runs = self._held_runs.setdefault(str(journal.path), {})
-        deferred = {id(item) for item in waiting}
-        for item in (*done, *waiting):
-            event = item.event
-            if not isinstance(event, StepPublished):
-                continue
-            steps = runs.setdefault(event.run_id, {})
-            # One that waited past its grace is set aside by the deferral: it holds nothing.
-            if id(item) in deferred and not item.overdue:
-                steps[event.step_id] = item.seq
-            else:
-                steps.pop(event.step_id, None)
-            if not steps:
-                del runs[event.run_id]
+    def _left(self, journal: Journal, lane: Sequence[_Item]) -> None:
+        """These left their journal (written or set aside): they hold nothing any more."""
+        holds = self._holds.get(journal)
+        if holds is None:
+            return
+        for item in lane:
+            holds.left(item)
+        if not holds:
+            del self._holds[journal]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -285,16 +244,25 @@ class _Item:
     entry: JournalEntry
     pending: Pending
 
+    @property
+    def seq(self) -> int:
+        return self.pending.seq
+
+    @property
+    def event(self) -> MirrorEvent:
+        return self.pending.event
+
 
 def _when(item: _Item) -> float:
-    return item.pending.event.at
+    return item.event.at
 
 
 def _by_journal(items: Iterable[_Item]) -> list[tuple[Journal, list[_Item]]]:
-    lanes: dict[int, tuple[Journal, list[_Item]]] = {}
+    """The items of each journal, in their order there."""
+    lanes: dict[Journal, list[_Item]] = {}
     for item in items:
-        lanes.setdefault(id(item.journal), (item.journal, []))[1].append(item)
-    return list(lanes.values())
+        lanes.setdefault(item.journal, []).append(item)
+    return list(lanes.items())
 
 
 def _reason(exc: BaseException) -> str:

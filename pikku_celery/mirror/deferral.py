@@ -47,13 +47,15 @@ class Deferral:
         waiting: Sequence[Pending],
         entries: Mapping[int, JournalEntry],
         now: float,
-    ) -> None:
+    ) -> set[int]:
         """Try ``waiting`` (events whose step was not in SQL) again later; set aside those
-        that had waited past their grace already."""
+        that had waited past their grace already, whose seqs it returns."""
         again: list[int] = []
+        aside: set[int] = set()
         for item in waiting:
             entry = entries[item.seq]
             if item.overdue:
+                aside.add(item.seq)
                 # Even recorded on its own it found no step (or no run) to belong to.
                 self.put_aside(
                     journal,
@@ -71,6 +73,7 @@ class Deferral:
             soon = max(self.flush_interval, RETRY_FIRST)  # never "now": that would spin
             delay = soon if waited < 1.0 else min(waited, RETRY_MOST)
             journal.defer(again, now + delay, now)
+        return aside
 
     def put_aside(self, journal: Journal, entry: JournalEntry, reason: str) -> None:
         """Keep an event that can never be written out of the way, and say so."""

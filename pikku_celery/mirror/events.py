@@ -9,13 +9,17 @@ be stored is replaced by a marked placeholder before anything is journaled.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import datetime as dt
 import itertools
 import json
 import os
 import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeVar
 
 from pikku_celery.mirror.forks import ForkGuard
 
@@ -33,9 +37,14 @@ __all__ = [
     "ResultStored",
     "StepDispatched",
     "StepPublished",
+    "chord_applied",
+    "chord_extended",
+    "chord_sent",
     "decode",
     "encode",
+    "make",
     "new_event_id",
+    "result_stored",
 ]
 
 
@@ -290,3 +299,42 @@ def decode(kind: str, payload: str) -> MirrorEvent:
         return cls(**document)
     except TypeError as exc:
         raise ValueError(f"a {kind} event with the wrong fields: {exc}") from exc
+
+
+_E = TypeVar("_E", bound=MirrorEvent)
+
+
+def make(kind: type[_E], step_id: str, at: float | None = None, **fields: Any) -> _E:
+    """The one way an event is made: a new id, and the time it happened (default now)."""
+    return kind(id=new_event_id(), at=time.time() if at is None else at, step_id=step_id, **fields)
+
+
+def result_stored(
+    task_id: str, attempt: int | None, state: str, meta: bytes, date_done: dt.datetime | None
+) -> ResultStored:
+    """Celery's result backend stored a task's state (``backend="pikku://"``)."""
+    return make(
+        ResultStored,
+        task_id,
+        attempt=attempt,
+        state=state,
+        meta_b64=base64.b64encode(meta).decode("ascii"),
+        date_done=None if date_done is None else date_done.timestamp(),
+    )
+
+
+def chord_applied(group_id: str, parts: Sequence[str], body: bytes) -> ChordApplied:
+    """A chord for ``backend="pikku://"`` to finish, before its header is published."""
+    return make(
+        ChordApplied, group_id, parts=tuple(parts), body_b64=base64.b64encode(body).decode("ascii")
+    )
+
+
+def chord_extended(group_id: str, part: str) -> ChordExtended:
+    """A header task added task ``part`` to its chord, before publishing it."""
+    return make(ChordExtended, group_id, part=part)
+
+
+def chord_sent(group_id: str) -> ChordSent:
+    """A fired chord's body is out: the reaper never sends it again."""
+    return make(ChordSent, group_id)

@@ -7,9 +7,9 @@ Batches start at most once every ``flush_interval`` seconds (a full batch is
 followed by the next at once): the first event of a group waits for the others
 of its interval, which is what makes one commit serve many events. While the
 database is away the thread backs off, doubling its wait up to two seconds.
-Between batches it adopts the journals of processes that are gone and prunes
-the delivery ledger, each when it is due. It never dies of an error: what it
-could not write stays on disk.
+Between batches it does its chores (``chores``: adopting the journals of
+processes that are gone, pruning the delivery ledger), each when it is due.
+It never dies of an error: what it could not write stays on disk.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from pikku_celery.mirror.chores import Chore, run_chores
 from pikku_celery.mirror.deferral import RETRY_FIRST, RETRY_MOST
 from pikku_celery.mirror.journal import Journal
-from pikku_celery.mirror.ledger import Ledger
-from pikku_celery.mirror.orphans import Orphans
 from pikku_celery.mirror.outage import Outage
 
 __all__ = ["ENV_FLUSH_INTERVAL", "FLUSH_INTERVAL", "Flusher"]
@@ -54,8 +53,7 @@ class Flusher:
         *,
         poll: Callable[[], bool] = lambda: False,
         outage: Outage,
-        orphans: Orphans,
-        ledger: Ledger,
+        chores: Sequence[Chore],
         flush_interval: float,
         adopt_interval: float,
     ) -> None:
@@ -63,8 +61,7 @@ class Flusher:
         self._flush_journals = flush_journals
         self._poll = poll
         self._outage = outage
-        self._orphans = orphans
-        self._ledger = ledger
+        self._chores = chores
         self.flush_interval = flush_interval
         self.adopt_interval = adopt_interval
         self._wake = threading.Event()
@@ -160,8 +157,7 @@ class Flusher:
                 ok = False
             delay = RETRY_FIRST if ok else min(delay * 2, RETRY_MOST)
             if ok:
-                self._orphans.adopt_when_due()
-                self._ledger.prune_when_due()
+                run_chores(self._chores)
 
 
 def _earliest(journals: Sequence[Journal]) -> float | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable
 from typing import Final
 
 from pikku_celery.store import WorkflowStore
@@ -26,13 +25,14 @@ _PRUNE_EVERY: Final = 600.0
 
 
 class Ledger:
-    """Prunes the store's ledger of counted deliveries when a pass is due."""
+    """Prunes the store's ledger of counted deliveries when a pass is due (one of the
+    flusher's chores)."""
 
-    def __init__(self, store: Callable[[], WorkflowStore]) -> None:
+    def __init__(self, store: WorkflowStore) -> None:
         self._store = store
         self._last_prune = time.monotonic()
 
-    def prune_when_due(self) -> None:
+    def run_when_due(self) -> None:
         if time.monotonic() - self._last_prune >= _PRUNE_EVERY:
             self._last_prune = time.monotonic()
             self.prune()
@@ -41,7 +41,7 @@ class Ledger:
         """Forget deliveries counted more than ``LEDGER_DAYS`` ago."""
         before = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=LEDGER_DAYS)
         try:
-            self._store().batches.prune_deliveries(before)
+            self._store.batches.prune_deliveries(before)
         except Exception:  # a later pass tries again; nothing depends on it now
             logger.warning(
                 "pikku-celery could not prune its ledger of counted deliveries",

@@ -1,6 +1,6 @@
 """A worker node's journals: its pool processes only append, its main process writes them.
 
-A worker's main process serves its node (:meth:`Delivery.serve_node`): the pool
+A worker's main process serves its node (its sink is a ``NodeSink``): the pool
 processes it forks afterwards append to journals of their own and run no
 flusher. The main process's flusher claims every journal in the folder that no
 process consumes (its consumer lock is free): its children's at once (their
@@ -38,8 +38,8 @@ class NodeJournals:
 
     def __init__(
         self,
-        folder: Callable[[], Path],
-        database: Callable[[], str],
+        folder: Path,
+        database: str,
         own: Callable[[], Journal | None],
         forget: Callable[[Journal], None],
         *,
@@ -67,7 +67,7 @@ class NodeJournals:
             return self._refresh()
 
     def _refresh(self) -> list[Journal]:
-        folder = self._folder()
+        folder = self._folder
         try:
             names = os.listdir(folder)
         except FileNotFoundError:
@@ -98,14 +98,14 @@ class NodeJournals:
 
     def _claim(self, path: Path, child: bool) -> Journal | None:
         if not path.is_dir():
-            return None  # an earlier version's journal: adoption upgrades it
+            return None  # not a journal: a journal is a folder of segments
         if not child and owner_alive(path):
             return None  # another node's, alive: opening it would read it all for nothing
         try:
             journal = Journal(path, role="consume")
         except OSError:
             return None  # its owner writes it, or another node's flusher does
-        own, wanted = journal.database, self._database()
+        own, wanted = journal.database, self._database
         if own is not None and own != wanted:
             journal.close(delete_if_empty=False)
             return None  # another database's: adoption says so in the log
@@ -122,8 +122,9 @@ class NodeJournals:
             )
         return journal
 
-    def sweep_when_due(self) -> None:
-        """Delete the emptied journals of owners that ended (once per ``retry_after``)."""
+    def run_when_due(self) -> None:
+        """Delete the emptied journals of owners that ended (once per ``retry_after``): one
+        of the node flusher's chores."""
         with self._lock:
             now = time.monotonic()
             if now - self._swept < self.retry_after:

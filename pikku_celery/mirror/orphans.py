@@ -31,13 +31,13 @@ class Orphans:
     """Adopts the journals left in this database's folder by processes that are gone.
 
     ``flush_journal`` writes one journal as the flusher writes its own (False: the
-    database is away).
+    database is away). One of the flusher's chores (:meth:`run_when_due`).
     """
 
     def __init__(
         self,
-        folder: Callable[[], Path],
-        database: Callable[[], str],
+        folder: Path,
+        database: str,
         flush_journal: Callable[[Journal], bool],
         *,
         adopt_interval: float,
@@ -51,7 +51,7 @@ class Orphans:
         # of dead processes hold waits for the one under way (a new one after a fork).
         self._adopting = threading.Lock()
 
-    def adopt_when_due(self) -> None:
+    def run_when_due(self) -> None:
         if time.monotonic() - self._last_adopt < self.adopt_interval:
             return
         self._last_adopt = time.monotonic()
@@ -61,7 +61,7 @@ class Orphans:
         # would otherwise spend its time locking its own journals.
         # (No lock: two threads that both look once in a while do no harm, and a lock
         # held at a fork would stay held in the child for good.)
-        folder, now = str(self._folder()), time.monotonic()
+        folder, now = str(self._folder), time.monotonic()
         last = _LAST_LOOK.get(folder)
         if last is not None and now - last < self.adopt_interval:
             return
@@ -80,7 +80,7 @@ class Orphans:
     def _adopt(self, set_aside_too: bool) -> int:
         written = 0
         try:
-            for journal in orphaned_journals(self._folder(), self._database()):
+            for journal in orphaned_journals(self._folder, self._database):
                 if set_aside_too:
                     journal.restore_set_aside()
                 depth = journal.depth()

@@ -16,7 +16,7 @@ from sqlalchemy import exc as sa_exc
 from pikku_celery.errors import InvalidStatus, StepNotFound, StoreError
 from pikku_celery.store import sql
 from pikku_celery.store.common import UNSET, ErrorLike, Unset, new_id, now
-from pikku_celery.store.connector import Connector, by_dialect
+from pikku_celery.store.connector import Connector
 from pikku_celery.store.models import StepState
 
 __all__ = ["Attempts", "NewAttemptStatus", "NewRun"]
@@ -42,12 +42,6 @@ class Attempts:
 
     def __init__(self, db: Connector) -> None:
         self._db = db
-        self._record = by_dialect(
-            db.dialect, {"postgresql": self._record_pg, "sqlite": self._record_sqlite}
-        )
-        self._next_attempt = by_dialect(
-            db.dialect, {"postgresql": self._next_attempt_pg, "sqlite": self._next_attempt_sqlite}
-        )
 
     def record_attempt(
         self,
@@ -103,19 +97,12 @@ class Attempts:
             params["error"] = None if error is None else self._db.error_json(error)
         try:
             with self._db.single(conn) as c:
-                self._record(c, status, params)
+                for statement in self._db.sql.record_attempt(status):
+                    self._db.run(c, statement, params)
         except StoreError as exc:
             if isinstance(exc.__cause__, sa_exc.IntegrityError):
                 raise StepNotFound(step_id=step_id) from exc.__cause__
             raise
-
-    def _record_pg(self, c: sa.Connection, status: str, params: dict[str, Any]) -> None:
-        # The step row's update rides along in the same statement: one round trip.
-        self._db.run(c, sql.attempts.record_attempt("postgresql", status), params)
-
-    def _record_sqlite(self, c: sa.Connection, status: str, params: dict[str, Any]) -> None:
-        c.execute(sql.attempts.record_attempt_step(status), params)
-        c.execute(sql.attempts.record_attempt("sqlite", status), params)
 
     def create_retry_attempt(
         self,
@@ -132,37 +119,14 @@ class Attempts:
         if status not in _NEW_ATTEMPT_STATUSES:
             raise InvalidStatus("new attempt", status, _NEW_ATTEMPT_STATUSES)
         params = {"step_id": step_id, "now": now(), "history_id": new_id(), "reason": reason}
+        *first, moving = self._db.sql.next_attempt(status)
         with self._db.single(conn) as c:
-            row = self._next_attempt(c, status, params)
+            for statement in first:
+                c.execute(statement, params)
+            row = c.execute(moving, params).mappings().first()
         if row is None:
             raise StepNotFound(step_id=step_id)
         return StepState.from_row(row)
-
-    @staticmethod
-    def _next_attempt_pg(
-        c: sa.Connection, status: str, params: dict[str, Any]
-    ) -> sa.RowMapping | None:
-        return c.execute(sql.attempts.retry_attempt_pg(status), params).mappings().first()
-
-    @staticmethod
-    def _next_attempt_sqlite(
-        c: sa.Connection, status: str, params: dict[str, Any]
-    ) -> sa.RowMapping | None:
-        row = c.execute(sql.attempts.retry_attempt_sqlite(status), params).mappings().first()
-        if row is not None:
-            attempt: dict[str, Any] = {
-                "history_id": params["history_id"],
-                "workflow_step_id": params["step_id"],
-                "status": status,
-                "attempt": row["current_attempt"],
-                "created_at": params["now"],
-                "reason": params["reason"],
-            }
-            stamp = sql.attempts.TIMESTAMP_COLUMN[status]
-            if stamp is not None:
-                attempt[stamp] = params["now"]
-            c.execute(sql.attempts.insert_attempt, attempt)
-        return row
 
     def complete_run_if_done(self, run_id: str, *, conn: sa.Connection | None = None) -> bool:
         """Complete the run if every step of it has succeeded; its output is its last step's.

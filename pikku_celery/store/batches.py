@@ -13,8 +13,8 @@ import dataclasses
 import datetime as dt
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -22,7 +22,7 @@ from pikku_celery.durations import format_duration
 from pikku_celery.errors import InvalidDuration, InvalidStatus
 from pikku_celery.store import sql
 from pikku_celery.store.common import like_prefix, new_id
-from pikku_celery.store.connector import Connector, by_dialect
+from pikku_celery.store.connector import Connector
 from pikku_celery.store.mirror_batch import (
     TRANSITION_STATUSES,
     BatchResult,
@@ -38,12 +38,6 @@ from pikku_celery.store.results import Results
 __all__ = ["Batches"]
 
 logger = logging.getLogger(__name__)
-
-
-def _iso(value: Any) -> str:
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} in a batch row")
 
 
 def _delay_text(seconds: float | None, step_id: str) -> str | None:
@@ -70,12 +64,9 @@ class Batches:
     def __init__(self, db: Connector, results: Results) -> None:
         self._db = db
         self._results = results
-        writes: dict[str, Callable[[Connector], _DialectWrites]] = {
-            "postgresql": _PostgresWrites,
-            "sqlite": _SqliteWrites,
-        }
-        self._sql = by_dialect(db.dialect, writes)(db)
-        self._open_chord = sql.batches.open_chord(db.dialect)
+        # The dialect's own way of sending each kind of a batch's statements.
+        self._sql = db.sql.batch_writes(db)
+        self._open_chord = db.sql.open_chord
 
     def apply_batch(self, batch: MirrorBatch, *, conn: sa.Connection | None = None) -> BatchResult:
         """Write a batch in one transaction (the caller's, if given); see :class:`BatchResult`.
@@ -106,6 +97,10 @@ class Batches:
     # --- the steps of one batch ---------------------------------------------------
 
     def _apply(self, c: sa.Connection, batch: MirrorBatch) -> BatchResult:
+        """Write what the batch can and report the steps it misses (nothing of theirs is
+        written). What waits for what is the caller's to decide, but for three rules that
+        need the rows this transaction finds: a new step after its run and the step it
+        follows, a result with its attempt, a run open while a new step of it waits."""
         new_ids = {step.step_id for step in batch.steps}
         wanted = {t.step_id for t in batch.transitions} | {o.step_id for o in batch.outcomes}
         wanted |= {h.step_id for h in batch.handovers}
@@ -369,156 +364,3 @@ class Batches:
             )
         self._db.run_many(c, self._open_chord, claims)
         return rows
-
-
-class _DialectWrites(Protocol):
-    """How one dialect sends each kind of a batch's statements."""
-
-    def known_steps(self, c: sa.Connection, step_ids: list[str]) -> Iterable[Any]: ...
-
-    def known_runs(self, c: sa.Connection, run_ids: list[str]) -> set[str]: ...
-
-    def steps_present(self, c: sa.Connection, step_ids: list[str]) -> set[str]: ...
-
-    def write_steps(
-        self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
-    ) -> None: ...
-
-    def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]: ...
-
-    def write_transitions(
-        self, c: sa.Connection, status: str, rows: list[dict[str, Any]]
-    ) -> None: ...
-
-    def write_outcomes(
-        self, c: sa.Connection, complete: dict[str, dt.datetime], settle: list[dict[str, Any]]
-    ) -> None: ...
-
-
-class _PostgresWrites:
-    """Set-based: each kind of row is one statement over a JSON array, one round trip."""
-
-    def __init__(self, db: Connector) -> None:
-        self._db = db
-
-    def known_steps(self, c: sa.Connection, step_ids: list[str]) -> Iterable[Any]:
-        return c.execute(sql.batches.known_steps_pg, {"step_ids": step_ids})
-
-    def known_runs(self, c: sa.Connection, run_ids: list[str]) -> set[str]:
-        return set(c.execute(sql.batches.known_runs_pg, {"run_ids": run_ids}).scalars())
-
-    def steps_present(self, c: sa.Connection, step_ids: list[str]) -> set[str]:
-        return set(c.execute(sql.batches.steps_present_pg, {"step_ids": step_ids}).scalars())
-
-    def write_steps(
-        self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
-    ) -> None:
-        # Steps of lone tasks bring their run; the two shapes never share a run,
-        # so sending each shape as its own batch keeps names in publish order. Lone
-        # tasks, the common case, go in one set-based statement.
-        lone: dict[str, dict[str, Any]] = {}
-        for with_run in (True, False):
-            same = []
-            for row, step in zip(rows, placed, strict=True):
-                if (step.run_workflow is not None) is not with_run:
-                    continue
-                if with_run and step.run_id == step.step_id:
-                    lone.setdefault(step.step_id, row)
-                else:
-                    same.append(row)
-            self._db.run_many(c, sql.attempts.schedule_step_pg(with_run), same)
-        self._set(c, sql.batches.schedule_lone_steps_pg, list(lone.values()))
-
-    def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]:
-        text = json.dumps(rows, default=_iso)
-        return set(self._db.run(c, sql.batches.count_deliveries_pg, {"rows": text}).scalars())
-
-    def write_transitions(self, c: sa.Connection, status: str, rows: list[dict[str, Any]]) -> None:
-        ids = sorted({row["step_id"] for row in rows})
-        self._set(c, sql.batches.record_attempts_pg(status), rows, step_ids=ids)
-
-    def write_outcomes(
-        self, c: sa.Connection, complete: dict[str, dt.datetime], settle: list[dict[str, Any]]
-    ) -> None:
-        ended = sorted({r["run_id"] for r in settle} | set(complete))
-        if not ended:
-            return
-        # Every run the batch ends is locked first, in id order (after its steps).
-        self._db.run(c, sql.batches.lock_runs_pg, {"run_ids": ended})
-        if settle:
-            rows = [
-                {"run_id": r["run_id"], "now": r["now"], "status": r["new_status"]}
-                | {"error": r["error"]}
-                for r in settle
-            ]
-            ids = sorted({r["run_id"] for r in rows})
-            self._set(c, sql.batches.settle_runs_pg, rows, run_ids=ids)
-        if complete:
-            rows = [{"run_id": run_id, "now": at} for run_id, at in complete.items()]
-            self._set(c, sql.batches.complete_runs_pg, rows, run_ids=sorted(complete))
-
-    def _set(
-        self, c: sa.Connection, statement: sa.Executable, rows: list[dict[str, Any]], **ids: Any
-    ) -> None:
-        """One statement for all the rows, sent as one JSON array."""
-        if rows:
-            self._db.run(c, statement, {"rows": json.dumps(rows, default=_iso), **ids})
-
-
-class _SqliteWrites:
-    """One ``executemany`` per kind of row: no round trips to save in a file."""
-
-    def __init__(self, db: Connector) -> None:
-        self._db = db
-
-    def known_steps(self, c: sa.Connection, step_ids: list[str]) -> Iterable[Any]:
-        return c.execute(sql.batches.known_steps, {"step_ids": step_ids})
-
-    def known_runs(self, c: sa.Connection, run_ids: list[str]) -> set[str]:
-        return set(c.execute(sql.batches.known_runs, {"run_ids": run_ids}).scalars())
-
-    def steps_present(self, c: sa.Connection, step_ids: list[str]) -> set[str]:
-        return set(c.execute(sql.batches.steps_present, {"step_ids": step_ids}).scalars())
-
-    def write_steps(
-        self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
-    ) -> None:
-        run_rows = [
-            {
-                "workflow_run_id": r["run_id"],
-                "workflow": r["run_workflow"],
-                "status": "running",
-                "input": r["run_input"],
-                "state": "{}",
-                "inline": False,
-                "deterministic": False,
-                "wire": r["run_wire"],
-                "created_at": r["now"],
-                "updated_at": r["now"],
-            }
-            for r in rows
-            if r["run_workflow"] is not None
-        ]
-        if run_rows:
-            c.execute(sql.attempts.insert_run_once("sqlite"), run_rows)
-        self._db.run_many(c, sql.attempts.schedule_step("sqlite"), rows)
-        self._db.run_many(c, sql.attempts.schedule_attempt("sqlite"), rows)
-
-    def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]:
-        return set(c.execute(sql.batches.count_deliveries("sqlite"), rows).scalars())
-
-    def write_transitions(self, c: sa.Connection, status: str, rows: list[dict[str, Any]]) -> None:
-        self._db.run_many(c, sql.attempts.record_attempt_step(status), rows)
-        self._db.run_many(c, sql.attempts.record_attempt("sqlite", status), rows)
-
-    def write_outcomes(
-        self, c: sa.Connection, complete: dict[str, dt.datetime], settle: list[dict[str, Any]]
-    ) -> None:
-        if settle:
-            self._db.run_many(c, sql.attempts.settle_run, settle)
-        if complete:
-            rows = [{"run_id": run_id, "now": at} for run_id, at in sorted(complete.items())]
-            # Touched first, in one order: two batches finishing steps of the same
-            # runs lock them in the same order and never deadlock.
-            self._db.run_many(c, sql.attempts.touch_run, rows)
-            self._db.run_many(c, sql.attempts.complete_run_if_done, rows)

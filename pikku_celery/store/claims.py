@@ -80,7 +80,7 @@ class Claims:
             attempt[sql.attempts.TIMESTAMP_COLUMN[status] or "failed_at"] = timestamp
             attempt["delivery_count"] = 1
         with self._db.write(conn) as c:
-            if c.execute(sql.claims.claim_step(self._db.dialect), step).first() is None:
+            if c.execute(self._db.sql.claim_step, step).first() is None:
                 return False
             c.execute(sql.attempts.insert_attempt, attempt)
         return True

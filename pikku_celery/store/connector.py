@@ -1,9 +1,9 @@
 """The one connector: the engine, its dialect, transactions, compiled statements, the codec.
 
 Every store operation is handed this object and nothing else holds an engine.
-The dialect is decided here, once, when the connector is made: the operations
-take their statements from ``dialect_sql`` tables keyed by ``dialect`` and
-never test it themselves.
+The dialect is decided here, once, when the connector is made: ``sql`` is its
+catalogue (``store/dialect.py``), where the operations take what differs
+between PostgreSQL and SQLite; none of them tests the dialect.
 
 Every write takes an optional connection: given one, it runs there and leaves
 committing to the caller; otherwise it commits its own transaction.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import fcntl
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -29,6 +29,7 @@ from pikku_celery.errors import (
 from pikku_celery.schema import migrate
 from pikku_celery.store.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, error_document
 from pikku_celery.store.common import ErrorLike, sqlite_value
+from pikku_celery.store.dialect import Dialect, dialect_named
 from pikku_celery.store.engine import (
     configure_engine,
     make_engine,
@@ -37,28 +38,13 @@ from pikku_celery.store.engine import (
     sqlite_path_hint,
 )
 
-__all__ = ["DIALECTS", "Connector", "by_dialect"]
-
-T = TypeVar("T")
-
-DIALECTS: Final = ("postgresql", "sqlite")
+__all__ = ["Connector"]
 
 # SQLSTATE class 40: the server rolled the transaction back (deadlock, serialization).
 _ROLLED_BACK: Final = "40"
 # SQLite: take the write lock when the transaction begins, not at its first write, so a
 # transaction that reads before it writes cannot be refused the lock halfway.
 _SQLITE_BEGIN_WRITE: Final = "BEGIN IMMEDIATE"
-
-
-def by_dialect(dialect: str, choices: Mapping[str, T]) -> T:
-    """The choice for ``dialect``: how an operation picks its statements, once."""
-    try:
-        return choices[dialect]
-    except KeyError:
-        raise StoreError(
-            f"pikku-celery stores runs in PostgreSQL or SQLite, not {dialect!r}; give a "
-            "postgresql:// or sqlite:/// URL."
-        ) from None
 
 
 def _is_conflict(orig: BaseException | None) -> bool:
@@ -86,25 +72,24 @@ class Connector:
         else:
             self.owns_engine = True
             self.engine = make_engine(url_or_engine)
-        self.dialect: str = self.engine.dialect.name
-        by_dialect(self.dialect, dict.fromkeys(DIALECTS, None))
-        postgres = self.dialect == "postgresql"
-        self.codec = JsonCodec(max_bytes=max_payload_bytes, allow_nul=not postgres)
+        self.sql: Final[Dialect] = dialect_named(self.engine.dialect.name)
+        self.codec = JsonCodec(max_bytes=max_payload_bytes, allow_nul=self.sql.json_allows_nul)
         self._compiled: dict[sa.Executable, tuple[str, dict[str, Any], tuple[str, ...] | None]] = {}
-        # Shares the engine's pool; connections are put back as they were. SQLite has no
-        # round trips to save, so it reads and writes single statements in transactions.
+        # Shares the engine's pool; connections are put back as they were. A database with
+        # no round trips to save reads and writes single statements in transactions.
         self._autocommit: sa.Engine | None = (
-            self.engine.execution_options(isolation_level="AUTOCOMMIT") if postgres else None
+            self.engine.execution_options(isolation_level="AUTOCOMMIT")
+            if self.sql.networked
+            else None
         )
-        path = None if postgres else self.engine.url.database
+        path = self.engine.url.database if self.sql.one_writer else None
         self._writers_lock = (
             f"{path}-pikku-writers"
             if path and path != ":memory:" and not path.startswith("file:")
             else None
         )
-        # PostgreSQL's row locks let writers in at once; SQLite has one writer at a time.
         self._locked_write: Callable[[], AbstractContextManager[sa.Connection]] = (
-            self._begin if postgres else self._begin_immediate
+            self._begin_immediate if self.sql.one_writer else self._begin
         )
 
     def __repr__(self) -> str:

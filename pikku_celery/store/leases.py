@@ -56,7 +56,7 @@ class Leases:
             "if_taken_before": if_taken_before,
         }
         with self._db.write(conn) as c:
-            got = c.execute(sql.leases.take(self._db.dialect), params).scalar()
+            got = c.execute(self._db.sql.take_lease, params).scalar()
         return None if got is None else int(got)
 
     def renew_lease(
@@ -69,9 +69,7 @@ class Leases:
         conn: sa.Connection | None = None,
     ) -> bool:
         """Extend the lease ``ttl`` seconds from now; False if ``holder`` lost it meanwhile."""
-        return self._held_lease(
-            sql.leases.renew(self._db.dialect), name, holder, generation, ttl, conn
-        )
+        return self._held_lease(self._db.sql.renew_lease, name, holder, generation, ttl, conn)
 
     def release_lease(
         self,
@@ -83,9 +81,7 @@ class Leases:
         conn: sa.Connection | None = None,
     ) -> bool:
         """Give the lease up, at once or after ``hold`` more seconds; False if not held."""
-        return self._held_lease(
-            sql.leases.release(self._db.dialect), name, holder, generation, hold, conn
-        )
+        return self._held_lease(self._db.sql.release_lease, name, holder, generation, hold, conn)
 
     def _held_lease(
         self,
@@ -122,6 +118,4 @@ class Leases:
         """Now on the clock leases are kept by: the server's on PostgreSQL, this machine's on
         SQLite (seconds since the epoch)."""
         with self._db.read(conn) as c:
-            return float(
-                c.execute(sql.leases.now(self._db.dialect), {"now": time.time()}).scalar_one()
-            )
+            return float(c.execute(self._db.sql.lease_clock, {"now": time.time()}).scalar_one())

@@ -31,7 +31,14 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
-__all__ = ["CHANNEL", "PAYLOAD_LIMIT", "ResultWatch", "notify_payload", "watch_results"]
+__all__ = [
+    "CHANNEL",
+    "PAYLOAD_LIMIT",
+    "ResultWatch",
+    "listen_for_results",
+    "notify_payload",
+    "watch_data_version",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -220,14 +227,16 @@ def _listener(dsn: str) -> _Listener:
         return listener
 
 
-def watch_results(engine: sa.Engine, task_ids: Iterable[str]) -> ResultWatch:
-    """A watch over ``task_ids`` of the database behind ``engine``; one that is never
-    told (the reader polls) where neither way applies (an in-memory SQLite database)."""
-    url = engine.url
-    if engine.dialect.name == "postgresql":
-        dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        return _Told(_listener(dsn), frozenset(task_ids))
-    path = url.database
+def listen_for_results(engine: sa.Engine, task_ids: Iterable[str]) -> ResultWatch:
+    """PostgreSQL: a watch over ``task_ids``, told by this process's LISTEN connection."""
+    dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return _Told(_listener(dsn), frozenset(task_ids))
+
+
+def watch_data_version(engine: sa.Engine, task_ids: Iterable[str]) -> ResultWatch:
+    """SQLite: a watch on the database file's ``data_version``; one that is never told
+    (the reader polls) for a database with no file of its own (in memory)."""
+    path = engine.url.database
     if path and path != ":memory:" and not path.startswith("file:"):
         with contextlib.suppress(sqlite3.Error):
             return _SqliteWatch(path)

@@ -18,9 +18,9 @@ import sqlalchemy as sa
 from pikku_celery.errors import Transient
 from pikku_celery.store import sql
 from pikku_celery.store.common import now
-from pikku_celery.store.connector import Connector, by_dialect
+from pikku_celery.store.connector import Connector
 from pikku_celery.store.mirror_batch import ChordWrite, FiredChord, ResultWrite
-from pikku_celery.store.result_watch import CHANNEL, ResultWatch, notify_payload, watch_results
+from pikku_celery.store.result_watch import CHANNEL, ResultWatch, notify_payload
 
 __all__ = ["Results", "StoredResult"]
 
@@ -40,20 +40,6 @@ class Results:
 
     def __init__(self, db: Connector) -> None:
         self._db = db
-        self._write = sql.results.write_result(db.dialect)
-        self._save_group = sql.results.save_group(db.dialect)
-        self._lock_chord = sql.results.lock_chord(db.dialect)
-        self._insert_chord = sql.results.insert_chord(db.dialect)
-        self._insert_parts = sql.results.insert_chord_parts(db.dialect)
-        self._add_part = sql.results.add_chord_part(db.dialect)
-        self._expire_results = sql.results.expire_results(db.dialect)
-        self._expire_groups = sql.results.expire_groups(db.dialect)
-        # PostgreSQL's writers run at once: each looks for chords again after its COMMIT.
-        self._settles: bool = by_dialect(db.dialect, {"postgresql": True, "sqlite": False})
-        # Readers waiting on PostgreSQL are told at COMMIT; SQLite's see data_version move.
-        self._notify: sa.Executable | None = by_dialect(
-            db.dialect, {"postgresql": sql.results.notify, "sqlite": None}
-        )
 
     def write(
         self,
@@ -97,10 +83,11 @@ class Results:
             self._apply_chords(c, chords)
             if not rows:
                 return self._complete_chords(c, [h.group_id for h in chords], chords[0].at)
-        c.execute(self._write, params)
-        if ready and self._notify is not None:
+        c.execute(self._db.sql.write_result, params)
+        notify = self._db.sql.notify_ready
+        if ready and notify is not None:
             # Delivered at COMMIT, to the readers waiting for these ids (result_watch).
-            c.execute(self._notify, {"channel": CHANNEL, "payload": notify_payload(ready)})
+            c.execute(notify, {"channel": CHANNEL, "payload": notify_payload(ready)})
         groups = set(h.group_id for h in chords)
         if ready:
             found = c.execute(sql.results.chords_of_parts, {"task_ids": sorted(set(ready))})
@@ -117,12 +104,12 @@ class Results:
         had committed, so neither claims it in its own transaction. Each looking again
         after its COMMIT, in a fresh snapshot, the later of the two to commit sees both and
         claims it: a chord fires within the flush lag whatever the order of the commits.
-        SQLite writes one transaction at a time: the count inside it saw the other's.
+        With one writer at a time (SQLite), the count inside each saw the other's.
 
         A failure here is logged and leaves the chord to the reaper's pass: the batch is
         committed, and what it claimed must still be sent."""
         groups, ids = sorted(set(group_ids)), sorted(set(task_ids))
-        if not self._settles or not (groups or ids):
+        if self._db.sql.one_writer or not (groups or ids):
             return []
         try:
             with self._db.read(None) as c:
@@ -156,7 +143,7 @@ class Results:
         fired: list[FiredChord] = []
         for group_id in sorted(groups):
             key = {"chord_id": group_id}
-            chord = c.execute(self._lock_chord, key).first()
+            chord = c.execute(sql.results.lock_chord, key).first()
             if chord is None or chord.fired_at is not None:
                 continue
             if c.execute(sql.results.chord_parts_waiting, key).scalar_one():
@@ -173,7 +160,7 @@ class Results:
 
     def _apply_chords(self, c: sa.Connection, chords: Sequence[ChordWrite]) -> None:
         c.execute(
-            self._insert_chord,
+            self._db.sql.insert_chord,
             [
                 {"group_id": h.group_id, "size": len(h.parts), "body": h.body, "now": h.at}
                 for h in chords
@@ -185,7 +172,7 @@ class Results:
             for position, task_id in enumerate(h.parts)
         ]
         if parts:
-            c.execute(self._insert_parts, parts)
+            c.execute(self._db.sql.insert_chord_parts, parts)
 
     def add_to_chords(
         self, added: Sequence[tuple[str, str]], *, conn: sa.Connection | None = None
@@ -196,7 +183,7 @@ class Results:
             with self._db.write(conn) as c:
                 for group_id, task_id in added:
                     key = {"chord_id": group_id, "task_id": task_id}
-                    if c.execute(self._add_part, key).first() is not None:
+                    if c.execute(self._db.sql.add_chord_part, key).first() is not None:
                         c.execute(sql.results.grow_chord, key)
 
     def mark_sent(
@@ -229,7 +216,7 @@ class Results:
 
     def watch(self, task_ids: Iterable[str]) -> ResultWatch:
         """What a reader waits on between two reads of ``task_ids``' results."""
-        return watch_results(self._db.engine, task_ids)
+        return self._db.sql.watch_results(self._db.engine, task_ids)
 
     def get(self, task_id: str, *, conn: sa.Connection | None = None) -> StoredResult | None:
         with self._db.read(conn) as c:
@@ -252,7 +239,7 @@ class Results:
 
     def save_group(self, group_id: str, meta: bytes) -> None:
         with self._db.single(None) as c:
-            c.execute(self._save_group, {"group_id": group_id, "meta": meta, "now": now()})
+            c.execute(self._db.sql.save_group, {"group_id": group_id, "meta": meta, "now": now()})
 
     def get_group(self, group_id: str) -> bytes | None:
         with self._db.read(None) as c:
@@ -268,8 +255,8 @@ class Results:
         returns how many went (call again while it is ``limit`` or more)."""
         params = {"before": before, "limit": limit}
         with self._db.write(None) as c:
-            gone = c.execute(self._expire_results, params).rowcount
-            gone += c.execute(self._expire_groups, params).rowcount
+            gone = c.execute(self._db.sql.expire_results, params).rowcount
+            gone += c.execute(self._db.sql.expire_groups, params).rowcount
             chords = c.execute(sql.results.expire_chords, params).rowcount
             if chords:
                 c.execute(sql.results.expire_chord_parts)

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from pikku_celery.errors import InvalidStatus, RunNotFound, StepNotFound, UnreadableValue
 from pikku_celery.store import sql
 from pikku_celery.store.common import UNSET, ErrorLike, Unset, check_page, new_id, now, run_statuses
-from pikku_celery.store.connector import Connector, by_dialect
+from pikku_celery.store.connector import Connector
 from pikku_celery.store.models import RUN_STATUSES, StepAttempt, StepState, WorkflowRun
 
 __all__ = ["Runs"]
@@ -20,13 +20,6 @@ class Runs:
 
     def __init__(self, db: Connector) -> None:
         self._db = db
-        self._set_state = by_dialect(
-            db.dialect,
-            {
-                "postgresql": sql.runs.update_run_state_pg,
-                "sqlite": sql.runs.update_run_state_sqlite,
-            },
-        )
 
     def create_run(
         self,
@@ -152,7 +145,7 @@ class Runs:
             "now": now(),
         }
         with self._db.single(conn) as c:
-            if c.execute(self._set_state, params).rowcount == 0:
+            if c.execute(self._db.sql.update_run_state, params).rowcount == 0:
                 raise RunNotFound(run_id)
 
     def get_run_state(self, run_id: str, *, conn: sa.Connection | None = None) -> dict[str, Any]:

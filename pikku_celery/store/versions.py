@@ -45,10 +45,7 @@ class Versions:
             "created_at": now(),
         }
         with self._db.single(conn) as c:
-            return (
-                c.execute(sql.versions.upsert_workflow_version(self._db.dialect), row).first()
-                is not None
-            )
+            return c.execute(self._db.sql.upsert_workflow_version, row).first() is not None
 
     def get_workflow_version(
         self, workflow_name: str, graph_hash: str, *, conn: sa.Connection | None = None

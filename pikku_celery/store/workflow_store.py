@@ -71,7 +71,7 @@ class WorkflowStore:
     ) -> None:
         self.db = Connector(url_or_engine, max_payload_bytes=max_payload_bytes)
         self.engine = self.db.engine
-        self.dialect = self.db.dialect
+        self.dialect = self.db.sql.name
         self.codec = self.db.codec
         self.runs = Runs(self.db)
         self.versions = Versions(self.db)

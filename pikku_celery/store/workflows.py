@@ -64,10 +64,7 @@ class Workflows:
             "updated_at": timestamp,
         }
         with self._db.write(conn) as c:
-            if (
-                c.execute(sql.workflows.insert_run_if_absent(self._db.dialect), row).first()
-                is not None
-            ):
+            if c.execute(self._db.sql.insert_run_if_absent, row).first() is not None:
                 return True
             existing = c.execute(sql.workflows.run_status, {"run_id": run_id}).first()
         if existing is not None and existing.workflow != workflow:

@@ -111,7 +111,7 @@ def _is_task(fn: Any) -> bool:
 
 def _is_placeholder(value: Any) -> bool:
     """What the mirror stores for a task's result that is not JSON
-    (``mirror.core.unserialisable``): a note of what it was, never the value."""
+    (``mirror.values.unserialisable``): a note of what it was, never the value."""
     return isinstance(value, dict) and value.get("__pikku_unserialisable__") is True
 
 

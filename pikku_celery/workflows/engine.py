@@ -27,7 +27,7 @@ from pikku_celery.errors import (
 )
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.task import as_task_function
-from pikku_celery.mirror import CeleryMirror
+from pikku_celery.mirror import Recorder
 from pikku_celery.store import WorkflowRun, WorkflowStore, child_error
 from pikku_celery.workflows.context import Dispatcher
 from pikku_celery.workflows.definition import Workflow, code_version
@@ -92,7 +92,7 @@ class CeleryDispatcher:
 
 
 class WorkflowEngine:
-    def __init__(self, app: Celery, mirror: CeleryMirror) -> None:
+    def __init__(self, app: Celery, mirror: Recorder) -> None:
         self.app = app
         self._mirror = mirror
         self.dispatcher: Dispatcher = CeleryDispatcher(app, mirror.dispatched)

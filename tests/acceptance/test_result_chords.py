@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
+import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,7 @@ from celery import chain, chord, group
 from celery.exceptions import ChordError, CPendingDeprecationWarning
 
 from pikku_celery import WorkflowStore
+from pikku_celery.store import FiredChord
 from tests.acceptance.conftest import Worker, wait_until, worker_running
 from tests.acceptance.results_loading import QUEUE, results_app
 
@@ -415,3 +418,23 @@ def test_a_failed_task_in_a_nested_chain_of_the_header_fails_the_chord(
     sent: Any = nested.apply_async()
     with pytest.raises((KeyError, ChordError), match="hats"):
         sent.get(timeout=30)
+
+
+def test_a_chain_body_fired_from_a_thread_of_another_current_app_goes_to_this_apps_broker(
+    results: tuple[ModuleType, Worker],
+) -> None:
+    # The process whose batch completes a chord fires it from its flusher thread, whose
+    # current app is Celery's default (no broker): a chain's links decoded from the kept
+    # body must still be sent by the app that kept it.
+    app, _ = results
+    part = app.identity.delay(42)
+    assert part.get(timeout=30) == 42
+    body = chain(app.identity.s(), app.identity.s())
+    last = body.freeze()
+    kept = FiredChord(
+        group_id=str(uuid.uuid4()), body=app.app.backend.encode(body), parts=(part.id,)
+    )
+    fired = threading.Thread(target=lambda: app.app.backend.fire_chords([kept]))
+    fired.start()
+    fired.join(timeout=30)
+    assert app.app.AsyncResult(last.id).get(timeout=30) == [42]

@@ -17,11 +17,12 @@ import pytest
 import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
-from pikku_celery.mirror import CeleryMirror, PublishedStep
+from pikku_celery.mirror import PublishedStep, Recorder, result_stored
 from pikku_celery.mirror.events import AttemptStarted, AttemptSucceeded, encode
 from pikku_celery.mirror.events import StepPublished as Published
 from pikku_celery.mirror.journal import Journal, journal_depth, orphaned_journals
 from pikku_celery.store.attempts import NewRun
+from tests.support.published import own_journal
 from tests.support.tcp_proxy import TcpProxy
 
 ERROR = {"type": "ValueError", "message": "try again", "traceback": None}
@@ -99,7 +100,7 @@ def test_events_of_an_outage_wait_in_the_journal_in_order_and_are_written_when_i
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    mirror = CeleryMirror(proxied_store, journal_dir=tmp_path, flush_interval=0.01)
+    mirror = Recorder(proxied_store, journal_dir=tmp_path, flush_interval=0.01)
     direct = WorkflowStore(pg_url)
     before, during = str(uuid.uuid4()), str(uuid.uuid4())
     mirror.published(step(before))
@@ -144,7 +145,7 @@ def test_events_of_an_outage_wait_in_the_journal_in_order_and_are_written_when_i
 def test_a_commit_whose_reply_is_lost_is_written_again_and_counts_each_delivery_once(
     proxied_store: WorkflowStore, proxy: TcpProxy, pg_url: str, tmp_path: Path
 ) -> None:
-    mirror = CeleryMirror(proxied_store, journal_dir=tmp_path, background=False)
+    mirror = Recorder(proxied_store, journal_dir=tmp_path, background=False)
     direct = WorkflowStore(pg_url)
     step_id = str(uuid.uuid4())
     mirror.published(step(step_id))
@@ -165,7 +166,7 @@ def test_a_commit_whose_reply_is_lost_is_written_again_and_counts_each_delivery_
 def test_a_journal_left_by_a_dead_process_is_adopted_and_written(
     store: WorkflowStore, tmp_path: Path
 ) -> None:
-    mirror = CeleryMirror(store, journal_dir=tmp_path)
+    mirror = Recorder(store, journal_dir=tmp_path)
     step_id = str(uuid.uuid4())
     left = left_journal(mirror.journal_folder, step_id)
     # While its process lives (holds the lock), nobody else touches it.
@@ -182,7 +183,7 @@ def test_a_journal_left_by_a_dead_process_is_adopted_and_written(
 def test_a_live_process_adopts_a_dead_processes_journal_within_seconds(
     store: WorkflowStore, tmp_path: Path
 ) -> None:
-    mirror = CeleryMirror(store, journal_dir=tmp_path, adopt_interval=0.2)
+    mirror = Recorder(store, journal_dir=tmp_path, adopt_interval=0.2)
     mirror.start()  # as a worker's main process does at worker_ready
     step_id = str(uuid.uuid4())
     left_journal(mirror.journal_folder, step_id).close(delete_if_empty=False)
@@ -219,7 +220,7 @@ def test_journal_command_counts_and_writes_left_over_events(
     from pikku_celery.cli import main
 
     store = WorkflowStore(pg_url)
-    mirror = CeleryMirror(store, journal_dir=tmp_path)
+    mirror = Recorder(store, journal_dir=tmp_path)
     step_id = str(uuid.uuid4())
     left_journal(mirror.journal_folder, step_id).close(delete_if_empty=False)
     base = ["--database-url", pg_url, "journal", "--journal-dir", str(tmp_path)]
@@ -236,7 +237,7 @@ def test_two_mirrors_of_one_database_in_one_process_each_keep_their_events(
     tmp_path: Path,
 ) -> None:
     dead = WorkflowStore("postgresql://nobody@127.0.0.1:1/none")
-    mirrors = [CeleryMirror(dead, journal_dir=tmp_path, adopt_interval=60) for _ in range(2)]
+    mirrors = [Recorder(dead, journal_dir=tmp_path, adopt_interval=60) for _ in range(2)]
     for mirror in mirrors:
         mirror.succeeded("r", "s", 1, "result")
     assert [m.journal_depth for m in mirrors] == [1, 1]
@@ -252,7 +253,7 @@ def test_events_set_aside_are_written_by_journal_replay_once_their_cause_is_fixe
     from pikku_celery.cli import main
 
     store = WorkflowStore(pg_url)
-    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+    mirror = Recorder(store, journal_dir=tmp_path, background=False)
     step_id = str(uuid.uuid4())
     mirror.published(step(step_id))
     real = store.batches.apply_batch
@@ -263,7 +264,7 @@ def test_events_set_aside_are_written_by_journal_replay_once_their_cause_is_fixe
     store.batches.apply_batch = broken  # type: ignore[assignment,method-assign]
     assert mirror.flush()  # set aside, not blocking anything
     store.batches.apply_batch = real  # type: ignore[method-assign]  # the fixed version
-    journal = mirror.delivery._open()
+    journal = own_journal(mirror)
     assert (journal.depth(), journal.set_aside_count()) == (0, 1)
     mirror.close()  # the process ends; its journal stays, holding the event
     base = ["--database-url", pg_url, "journal", "--journal-dir", str(tmp_path)]
@@ -281,7 +282,7 @@ def test_a_result_after_an_idle_spell_is_written_at_once_other_events_gather(
 ) -> None:
     # A long interval makes the difference plain: a get() waiting for a result does not
     # pay the interval the flusher waits to gather events into one batch.
-    mirror = CeleryMirror(store, journal_dir=tmp_path, flush_interval=3.0)
+    mirror = Recorder(store, journal_dir=tmp_path, flush_interval=3.0)
     try:
         gathered = str(uuid.uuid4())
         mirror.published(step(gathered))
@@ -291,7 +292,7 @@ def test_a_result_after_an_idle_spell_is_written_at_once_other_events_gather(
         time.sleep(3.5)  # idle for more than the interval
         told = str(uuid.uuid4())
         began = time.monotonic()
-        mirror.result_stored(told, 1, "SUCCESS", b'{"status": "SUCCESS"}')
+        mirror.append(result_stored(told, 1, "SUCCESS", b'{"status": "SUCCESS"}', None))
         wait_for(lambda: store.results.get(told) is not None)
         assert time.monotonic() - began < 1.5
     finally:

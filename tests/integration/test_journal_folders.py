@@ -15,7 +15,7 @@ from celery import Celery
 
 from pikku_celery import PikkuCelery, WorkflowStore
 from pikku_celery.errors import ConfigurationError
-from pikku_celery.mirror import CeleryMirror
+from pikku_celery.mirror import Recorder
 from pikku_celery.mirror.journal import Journal, journal_folder, orphaned_journals
 from pikku_celery.store import database_key
 from tests.acceptance.conftest import ROOT
@@ -41,7 +41,7 @@ def test_a_publisher_whose_journal_folder_cannot_be_written_fails_at_start_up(
 
 
 def test_the_folder_is_proven_with_a_file_written_synced_and_removed(tmp_path: Path) -> None:
-    mirror = CeleryMirror(WorkflowStore(f"sqlite:///{tmp_path / 'p.db'}"), journal_dir=tmp_path)
+    mirror = Recorder(WorkflowStore(f"sqlite:///{tmp_path / 'p.db'}"), journal_dir=tmp_path)
     folder = mirror.check_journal()
     assert folder.is_dir() and list(folder.iterdir()) == []
 
@@ -69,7 +69,7 @@ def test_two_projects_on_the_default_sqlite_url_journal_apart(
 def test_a_journal_of_another_database_is_never_written_into_this_one(
     store: WorkflowStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    mirror = CeleryMirror(store, journal_dir=tmp_path)
+    mirror = Recorder(store, journal_dir=tmp_path)
     step_id = str(uuid.uuid4())
     # A journal in this database's folder that says it is for another database (a
     # folder shared by hand, a copied file): adoption leaves it where it is.
@@ -86,7 +86,7 @@ def test_a_journal_of_another_database_is_never_written_into_this_one(
 
 
 def test_a_process_journal_records_its_database(store: WorkflowStore, tmp_path: Path) -> None:
-    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+    mirror = Recorder(store, journal_dir=tmp_path, background=False)
     step_id = str(uuid.uuid4())
     mirror.started(step_id, 1, worker="w", pid=os.getpid())
     [path] = mirror.journal_folder.glob("*.journal")

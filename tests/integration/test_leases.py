@@ -13,7 +13,7 @@ from pikku_celery import WorkflowStore
 from pikku_celery.integration import upkeep as upkeep_module
 from pikku_celery.integration.reaper import Reaper
 from pikku_celery.integration.upkeep import Recover, Upkeep
-from pikku_celery.mirror import CeleryMirror
+from pikku_celery.mirror import Recorder
 from tests.support.threads import run_threads
 
 
@@ -97,7 +97,7 @@ def _no_reaper() -> Reaper:
 
 
 def _upkeeps(store: WorkflowStore, tmp_path: Path, calls: list[str], n: int) -> list[Upkeep]:
-    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+    mirror = Recorder(store, journal_dir=tmp_path, background=False)
 
     def recover_for(name: str) -> Recover:
         def recover(go_on: Callable[[], bool]) -> int:
@@ -159,7 +159,7 @@ def test_a_recovery_lease_a_dead_worker_holds_never_holds_up_the_reaper(
     assert store.leases.take_lease("recovery", "dead:1", ttl=30) is not None
     passes: list[float] = []
     recovered: list[str] = []
-    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+    mirror = Recorder(store, journal_dir=tmp_path, background=False)
 
     def recover(go_on: Callable[[], bool]) -> int:
         recovered.append("pass")
@@ -196,7 +196,7 @@ def test_a_recovery_that_fails_is_tried_again_until_it_is_done(
             raise RuntimeError("the database is away")  # as at a start during an outage
         return 0
 
-    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+    mirror = Recorder(store, journal_dir=tmp_path, background=False)
     upkeep = Upkeep(mirror, _no_reaper, holder="w", interval=0, recover=recover)
     upkeep.note_start()
     upkeep.start()

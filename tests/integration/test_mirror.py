@@ -18,24 +18,24 @@ import pytest
 import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
-from pikku_celery.mirror import CeleryMirror, PublishedStep
+from pikku_celery.mirror import PublishedStep, Recorder, result_stored
 from pikku_celery.mirror.apply import Pending, plan
 from pikku_celery.mirror.events import MirrorEvent, decode
 from pikku_celery.store import MirrorBatch, NewStep, RunOutcome, StepTransition
 from tests.support import transitions
-from tests.support.published import lone
+from tests.support.published import lone, own_journal
 from tests.support.statements import count_statements
 from tests.support.threads import run_threads
 
-Event = Callable[[CeleryMirror, str, str], None]
+Event = Callable[[Recorder, str, str], None]
 ERROR = {"type": "ValueError", "message": "t", "traceback": None}
 
 
-def mirror_of(store: WorkflowStore, tmp_path: Path) -> CeleryMirror:
-    return CeleryMirror(store, journal_dir=tmp_path / uuid.uuid4().hex, background=False)
+def mirror_of(store: WorkflowStore, tmp_path: Path) -> Recorder:
+    return Recorder(store, journal_dir=tmp_path / uuid.uuid4().hex, background=False)
 
 
-def running_lone_task(mirror: CeleryMirror) -> str:
+def running_lone_task(mirror: Recorder) -> str:
     """A lone task published and started (attempt 1), as the handlers journal it."""
     step_id = str(uuid.uuid4())
     mirror.published(lone(step_id))
@@ -56,16 +56,17 @@ STORY: list[tuple[str, Event]] = [
 ]
 
 
-def recorded(mirror: CeleryMirror) -> list[MirrorEvent]:
+def recorded(mirror: Recorder) -> list[MirrorEvent]:
     """Every event the mirror journals from now on, in order."""
     sent: list[MirrorEvent] = []
-    append = mirror.delivery.append
+    sink = mirror.sink
+    append = sink.append
 
     def record(event: MirrorEvent) -> None:
         sent.append(event)
         append(event)
 
-    mirror.delivery.append = record  # type: ignore[method-assign]
+    sink.append = record  # type: ignore[method-assign]
     return sent
 
 
@@ -98,7 +99,7 @@ def test_events_in_every_order_and_batching_converge(store: WorkflowStore, tmp_p
                 if not together:
                     assert mirror.flush()
             for again in sent[1:3]:
-                mirror.delivery.append(again)
+                mirror.append(again)
                 if not together:
                     assert mirror.flush()
             assert mirror.flush()
@@ -112,7 +113,7 @@ def test_a_batch_applied_twice_changes_nothing(store: WorkflowStore, tmp_path: P
     step_id = str(uuid.uuid4())
     for _, event in STORY:
         event(mirror, step_id, step_id)
-    journal = mirror.delivery._open()
+    journal = own_journal(mirror)
     pending = [Pending(e.seq, decode(e.kind, e.payload)) for e in journal.peek(100, time.time())]
     batch = plan(pending)
     store.batches.apply_batch(batch)
@@ -176,7 +177,7 @@ def test_a_step_published_without_pikku_is_adopted_when_it_starts(
 
 
 def chain_started(
-    store: WorkflowStore, publisher: CeleryMirror, worker: CeleryMirror
+    store: WorkflowStore, publisher: Recorder, worker: Recorder
 ) -> tuple[str, str, str]:
     """A chain of two ``add`` links: the first published (journaled, not flushed) and
     started by the worker, whose journal has not seen the second yet. Returns the run's
@@ -250,9 +251,7 @@ def test_a_steps_success_waits_for_a_deferred_publish_even_when_the_links_start_
     publisher = mirror_of(store, tmp_path)
     # Deferred events come due one interval after they were deferred: long enough here
     # for the steps below to run between two of them on any machine.
-    worker = CeleryMirror(
-        store, journal_dir=tmp_path / "worker", background=False, flush_interval=0.5
-    )
+    worker = Recorder(store, journal_dir=tmp_path / "worker", background=False, flush_interval=0.5)
     run_id = store.create_run("chain", None, wire={"type": "canvas"})
     first, second = str(uuid.uuid4()), str(uuid.uuid4())
     publisher.published(chain_link(run_id, first, None))  # journaled, not flushed yet
@@ -343,7 +342,7 @@ def test_a_poison_event_is_set_aside_and_the_rest_of_its_batch_lands(
     [record] = [r for r in caplog.records if getattr(r, "action", "") == "mirror_event_set_aside"]
     assert getattr(record, "event", None) == "ended"
     assert "journal --replay" in record.getMessage()
-    journal = mirror.delivery._open()
+    journal = own_journal(mirror)
     assert (journal.depth(), journal.set_aside_count()) == (0, 1)
     mirror.close()
     assert list(mirror.journal_folder.glob("*.journal"))  # kept: it holds a set-aside event
@@ -396,7 +395,7 @@ def test_an_unreachable_database_never_raises_and_keeps_events_in_the_journal(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     dead = WorkflowStore("postgresql://nobody:s3cret@127.0.0.1:1/none")
-    mirror = CeleryMirror(dead, journal_dir=tmp_path, background=False)
+    mirror = Recorder(dead, journal_dir=tmp_path, background=False)
     with caplog.at_level(logging.WARNING, logger="pikku_celery.mirror"):
         mirror.published(
             PublishedStep(run_id="r", step_id="s", step_name="n", rpc_name="t", data={})
@@ -461,7 +460,7 @@ def test_two_processes_naming_steps_of_one_run_at_once_lose_no_step(
     mirrors = [mirror_of(store, tmp_path) for store in stores]
     run_id = stores[0].create_run("fan-out", None, wire={"type": "canvas"})
 
-    def publish(mirror: CeleryMirror) -> None:
+    def publish(mirror: Recorder) -> None:
         for _ in range(40):
             mirror.published(PublishedStep(run_id, str(uuid.uuid4()), "notify", "shop.notify", {}))
             mirror.flush()
@@ -657,7 +656,9 @@ def test_a_result_waits_behind_its_attempts_end_that_waits_for_the_step(
         worker.flush()  # the step is not there: both wait
         publisher.published(lone(step_id))
         publisher.flush()
-        worker.result_stored(step_id, 1, "SUCCESS", b'{"status": "SUCCESS", "result": 7}')
+        worker.append(
+            result_stored(step_id, 1, "SUCCESS", b'{"status": "SUCCESS", "result": 7}', None)
+        )
         worker.flush()  # the result is due, its attempt's end is not yet
         result = store.results.get(step_id)
         attempt = store.get_step_state(step_id, "charge")

@@ -12,22 +12,21 @@ from pathlib import Path
 
 from pikku_celery import WorkflowStore
 from pikku_celery.errors import RunNotFound
-from pikku_celery.mirror import CeleryMirror
+from pikku_celery.mirror import Recorder
 from pikku_celery.mirror.events import AttemptStarted, encode, new_event_id
 from pikku_celery.mirror.journal import Journal, node_suffix
+from pikku_celery.mirror.sinks import AppendOnlySink
 from tests.support.published import lone
 from tests.support.statements import count_statements
 
 
-def node_mirror(store: WorkflowStore, tmp_path: Path) -> CeleryMirror:
-    mirror = CeleryMirror(
-        store, journal_dir=tmp_path / "journal", background=False, adopt_interval=0.0
-    )
+def node_mirror(store: WorkflowStore, tmp_path: Path) -> Recorder:
+    mirror = Recorder(store, journal_dir=tmp_path / "journal", background=False, adopt_interval=0.0)
     mirror.serve_node()
     return mirror
 
 
-def pool_process(mirror: CeleryMirror, steps: list[str], *, then: str) -> int:
+def pool_process(mirror: Recorder, steps: list[str], *, then: str) -> int:
     """A forked child that publishes and runs ``steps``, then exits (``then="exit"``),
     is killed (``"kill"``), or waits to be killed (``"wait"``); returns its pid once it
     journaled them."""
@@ -42,8 +41,8 @@ def pool_process(mirror: CeleryMirror, steps: list[str], *, then: str) -> int:
                 mirror.started(step_id, 1, worker="w", pid=os.getpid())
                 mirror.succeeded(step_id, step_id, 1, {"ok": True})
             # Its appends are all it does: it writes nothing and runs no flusher.
-            assert mirror.delivery.append_only
-            assert mirror.delivery.stats().batches == 0
+            assert isinstance(mirror.sink, AppendOnlySink)
+            assert mirror.stats().batches == 0
             os.write(ready_w, b"x")
             if then == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -74,7 +73,7 @@ def statuses(store: WorkflowStore, steps: list[str]) -> list[str | None]:
     return found
 
 
-def journals(mirror: CeleryMirror) -> list[str]:
+def journals(mirror: Recorder) -> list[str]:
     return sorted(p.name for p in mirror.journal_folder.glob("*.journal"))
 
 
@@ -173,7 +172,7 @@ def test_another_nodes_living_pool_process_is_left_to_its_node(
 def test_the_node_flusher_thread_writes_a_living_pool_processs_events_by_itself(
     store: WorkflowStore, tmp_path: Path
 ) -> None:
-    mirror = CeleryMirror(store, journal_dir=tmp_path / "journal", flush_interval=0.02)
+    mirror = Recorder(store, journal_dir=tmp_path / "journal", flush_interval=0.02)
     mirror.serve_node()
     mirror.start()  # the worker's main process: its flusher thread runs
     steps = [str(uuid.uuid4()) for _ in range(3)]

@@ -22,7 +22,7 @@ from celery import Celery
 from pikku_celery import WorkflowStore
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.reaper import Reaper
-from pikku_celery.mirror import CeleryMirror
+from pikku_celery.mirror import Recorder
 from pikku_celery.store import LOST_ERROR_TYPE
 from tests.acceptance.conftest import AMQP_URL, address, port_open, redis_db
 from tests.conftest import service_missing
@@ -180,7 +180,7 @@ def test_a_worker_that_was_only_slow_cannot_undo_the_re_dispatch_that_won(
 ) -> None:
     run_id, step_id = _running_on_a_dead_worker(store, "workflow")
     assert _reaper(app, store).reap().redispatched  # "gone@host" did not answer in time
-    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+    mirror = Recorder(store, journal_dir=tmp_path, background=False)
     # The re-dispatch runs on another worker and succeeds first...
     mirror.started(step_id, 1, worker="fresh@host", pid=8)
     mirror.succeeded(None, step_id, 1, "second", orchestrated=True)

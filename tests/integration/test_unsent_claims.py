@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from pikku_celery import WorkflowStore
-from pikku_celery.mirror import CeleryMirror
+from pikku_celery.mirror import Recorder
 from pikku_celery.mirror.journal import Journal, journaled_steps
 
 
@@ -29,7 +29,7 @@ def test_a_claim_is_unsent_until_its_dispatch_reaches_sql(
 ) -> None:
     run_id, step_id = _claimed(store)
     _, sent = _claimed(store)
-    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+    mirror = Recorder(store, journal_dir=tmp_path, background=False)
     mirror.dispatched(sent, 1)
     assert mirror.flush()
     time.sleep(0.05)
@@ -51,7 +51,7 @@ def test_a_dispatch_that_comes_after_the_step_started_changes_nothing(
     store: WorkflowStore, tmp_path: Path
 ) -> None:
     run_id, step_id = _claimed(store)
-    mirror = CeleryMirror(store, journal_dir=tmp_path, background=False)
+    mirror = Recorder(store, journal_dir=tmp_path, background=False)
     mirror.started(step_id, 1, worker="w1@host", pid=7)
     mirror.succeeded(None, step_id, 1, "ok", orchestrated=True)
     assert mirror.flush()

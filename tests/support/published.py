@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pikku_celery.mirror import PublishedStep
+from pikku_celery.mirror import Journal, PublishedStep, Recorder
+from pikku_celery.mirror.sinks import InlineSink
 from pikku_celery.store import NewRun
 
 
@@ -16,3 +17,12 @@ def lone(step_id: str, name: str = "charge") -> PublishedStep:
         data={"args": [1], "kwargs": {}},
         new_run=NewRun(f"shop.{name}", {"args": [1]}, {"type": "task"}),
     )
+
+
+def own_journal(recorder: Recorder) -> Journal:
+    """The journal a recorder writes its own events to (it has journaled one already)."""
+    sink = recorder.sink
+    assert isinstance(sink, InlineSink), f"{type(sink).__name__} writes no journal of its own"
+    journal = sink.journal()
+    assert journal is not None, "nothing journaled yet"
+    return journal

@@ -106,14 +106,12 @@ def test_mirrors_of_one_process_look_for_orphans_once_per_interval_between_them(
         return True
 
     left = tmp_path / "host-9-left.journal"
-    mirrors = [
-        Orphans(lambda: tmp_path, lambda: "db", flush, adopt_interval=60.0) for _ in range(50)
-    ]
+    mirrors = [Orphans(tmp_path, "db", flush, adopt_interval=60.0) for _ in range(50)]
     for _ in range(3):  # the left journal comes back after each look: count the looks
         dead = Journal(left, "db")
         dead.append("published", "{}")
         dead.close()
         for orphans in mirrors:
-            orphans.adopt_when_due()
+            orphans.run_when_due()
 
     assert looks == ["host-9-left.journal"], "more than one look in one interval"

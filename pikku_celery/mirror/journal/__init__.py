@@ -39,6 +39,7 @@ from pikku_celery.mirror.journal.folders import (
     journal_folder,
     node_suffix,
     probe_folder,
+    writable_folder,
 )
 from pikku_celery.mirror.journal.locks import owner_alive
 from pikku_celery.mirror.journal.segments import JournalTail
@@ -59,4 +60,5 @@ __all__ = [
     "orphaned_journals",
     "owner_alive",
     "probe_folder",
+    "writable_folder",
 ]

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Final
 
+from pikku_celery.errors import ConfigurationError
 from pikku_celery.store import database_key
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "journal_folder",
     "node_suffix",
     "probe_folder",
+    "writable_folder",
 ]
 
 ENV_JOURNAL_DIR: Final = "PIKKU_JOURNAL_DIR"
@@ -73,6 +75,23 @@ def probe_folder(folder: Path) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             probe.unlink()
+
+
+def writable_folder(folder: Path) -> Path:
+    """``folder``, proven writable; ``ConfigurationError`` naming it if it is not.
+
+    A process that cannot journal loses every event, so it finds out at once (a
+    worker refuses to start), not one ERROR line per event later.
+    """
+    try:
+        probe_folder(folder)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"pikku-celery cannot write its journal folder {folder} ({exc.strerror or exc}): "
+            f"point {ENV_JOURNAL_DIR} (or app.conf.pikku_journal_dir) at a folder this "
+            "process can write, on a local disk."
+        ) from exc
+    return folder
 
 
 def node_suffix(node: int) -> str:

@@ -12,7 +12,7 @@ from functools import cache
 from typing import Any, Final
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.dml import Insert, Update
 
 from pikku_celery.schema import chords
@@ -21,10 +21,12 @@ from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
 from pikku_celery.store.models import STATUS_RANK
 from pikku_celery.store.sql.runs import STEP_COLUMNS
+from pikku_celery.store.sql.spelling import Parameter, Upsert
 
 __all__ = [
     "TIMESTAMP_COLUMN",
     "Source",
+    "add_next_attempt",
     "all_steps_succeeded",
     "attempt_upsert",
     "attempt_values",
@@ -34,6 +36,7 @@ __all__ = [
     "last_result",
     "ranked_below",
     "record_attempt",
+    "record_attempt_pg",
     "record_attempt_step",
     "retry_attempt_pg",
     "retry_attempt_sqlite",
@@ -74,18 +77,22 @@ _EXECUTION_COLUMNS: Final = ("task_id", "worker", "pid", "eta")
 _WHERE_IT_RAN: Final = ("worker", "pid")
 
 
-def _insert_for(dialect: str) -> Any:
-    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+def _cast(name: str, type_: Any) -> sa.ColumnElement[Any]:
+    # In INSERT ... SELECT, PostgreSQL needs each parameter's type spelled out.
+    return sa.cast(P(name), type_)
+
+
+def _typed(name: str, column: sa.Column[Any]) -> sa.ColumnElement[Any]:
+    return _cast(name, column.type)
 
 
 # --- publishing -----------------------------------------------------------------
 
 
-@cache
-def insert_run_once(dialect: str) -> Insert:
+def insert_run_once(insert: Upsert) -> Insert:
     """A run of its own for a lone task; a second publish of it changes nothing."""
-    insert: Insert = _insert_for(dialect)(runs)
-    return insert.on_conflict_do_nothing(index_elements=["workflow_run_id"])  # type: ignore[attr-defined,no-any-return]
+    statement: Insert = insert(runs).on_conflict_do_nothing(index_elements=["workflow_run_id"])
+    return statement
 
 
 _parent = steps.alias("parent")
@@ -98,12 +105,12 @@ _parent_name = (
 )
 
 
-@cache
-def schedule_step(dialect: str) -> Insert:
+def schedule_step(insert: Upsert, typed: Parameter) -> Insert:
     """Insert a step under the first free name: ``name``, then ``name#2``, ``name#3``...
 
     Nothing is written when the step id exists already (a retry republishes
     its message with the same id). RETURNING tells the two outcomes apart.
+    ``typed`` spells each parameter of the SELECT with its type, the dialect's way.
     """
     taken = (
         sa.select(sa.func.count())
@@ -120,11 +127,6 @@ def schedule_step(dialect: str) -> Insert:
         (taken == 0, sa.cast(P("base_name"), sa.Text)),
         else_=sa.cast(P("base_name"), sa.Text) + "#" + sa.cast(taken + 1, sa.Text),
     )
-
-    def typed(name: str, type_: Any) -> sa.ColumnElement[Any]:
-        # PostgreSQL needs each parameter's type in INSERT ... SELECT; SQLite's
-        # CAST would instead turn a timestamp into a number.
-        return sa.cast(P(name), type_) if dialect == "postgresql" else P(name, type_=type_)
 
     values: dict[str, Any] = {
         "workflow_step_id": typed("step_id", sa.Text()),
@@ -143,10 +145,13 @@ def schedule_step(dialect: str) -> Insert:
     }
     # SQLite needs a WHERE in INSERT ... SELECT ... ON CONFLICT to parse it.
     select = sa.select(*values.values()).where(sa.true())
-    insert = _insert_for(dialect)(steps).from_select(list(values), select)
-    return insert.on_conflict_do_nothing().returning(  # type: ignore[no-any-return]
-        steps.c.step_name, steps.c.workflow_step_id
+    statement: Insert = (
+        insert(steps)
+        .from_select(list(values), select)
+        .on_conflict_do_nothing()
+        .returning(steps.c.step_name, steps.c.workflow_step_id)
     )
+    return statement
 
 
 @cache
@@ -156,20 +161,16 @@ def schedule_step_pg(with_run: bool) -> sa.Select[Any]:
     The foreign keys are checked at the end of the statement, when the run
     written by the first CTE exists.
     """
-    step = schedule_step("postgresql").cte("step")
-
-    def typed(name: str, column: sa.Column[Any]) -> sa.ColumnElement[Any]:
-        return sa.cast(P(name), column.type)
-
+    step = schedule_step(postgresql.insert, _cast).cte("step")
     attempt_values: dict[str, Any] = {
-        "history_id": typed("history_id", history.c.history_id),
+        "history_id": _typed("history_id", history.c.history_id),
         "workflow_step_id": step.c.workflow_step_id,
         "attempt": sa.literal(1, sa.Integer),
         "status": sa.literal("scheduled", sa.Text),
-        "created_at": typed("now", history.c.created_at),
-        "scheduled_at": typed("now", history.c.scheduled_at),
-        "eta": typed("eta", history.c.eta),
-        "task_id": typed("task_id", history.c.task_id),
+        "created_at": _typed("now", history.c.created_at),
+        "scheduled_at": _typed("now", history.c.scheduled_at),
+        "eta": _typed("eta", history.c.eta),
+        "task_id": _typed("task_id", history.c.task_id),
         "reason": sa.literal("first", sa.Text),
     }
     attempt = sa.insert(history).from_select(
@@ -195,9 +196,8 @@ def schedule_step_pg(with_run: bool) -> sa.Select[Any]:
     return query.add_cte(attempt.cte("attempt"))
 
 
-@cache
-def schedule_attempt(dialect: str) -> Insert:
-    insert = _insert_for(dialect)(history).values(
+def schedule_attempt(insert: Upsert) -> Insert:
+    values = insert(history).values(
         history_id=P("history_id"),
         workflow_step_id=P("step_id"),
         attempt=1,
@@ -208,9 +208,10 @@ def schedule_attempt(dialect: str) -> Insert:
         task_id=P("task_id"),
         reason="first",
     )
-    return insert.on_conflict_do_nothing(  # type: ignore[no-any-return]
+    statement: Insert = values.on_conflict_do_nothing(
         index_elements=["workflow_step_id", "attempt"]
     )
+    return statement
 
 
 # --- attempt-addressed transitions ------------------------------------------------
@@ -404,19 +405,22 @@ def attempt_upsert(insert: Any, status: str) -> Insert:
 
 
 @cache
-def record_attempt(dialect: str, status: str) -> Insert:
-    """Upsert attempt K's row; on PostgreSQL the step row's update rides along (one trip).
+def record_attempt(insert: Upsert, status: str) -> Insert:
+    """Upsert attempt K's row (after :func:`record_attempt_step`, in one transaction).
 
     One statement records one event, or several events of the same attempt
     coalesced (``scheduled_at``/``running_at`` and the outcome's ``ended_at``
     each keep the time of their own event; ``deliveries`` is how many starts
     it counts).
     """
-    insert = _insert_for(dialect)(history).values(**attempt_values(status))
-    statement = attempt_upsert(insert, status)
-    if dialect == "postgresql":
-        statement = statement.add_cte(record_attempt_step(status).cte("step"))
-    return statement
+    return attempt_upsert(insert(history).values(**attempt_values(status)), status)
+
+
+@cache
+def record_attempt_pg(status: str) -> Insert:
+    """:func:`record_attempt` with the step row's update riding along: one round trip."""
+    statement = record_attempt(postgresql.insert, status)
+    return statement.add_cte(record_attempt_step(status).cte("step"))
 
 
 # --- run outcome ----------------------------------------------------------------
@@ -497,11 +501,6 @@ settle_run: Final = (
 # --- the next attempt (resume, rerun) --------------------------------------------
 
 
-def _typed(name: str, column: sa.Column[Any]) -> sa.ColumnElement[Any]:
-    # In INSERT ... SELECT, PostgreSQL needs each parameter's type spelled out.
-    return sa.cast(P(name), column.type)
-
-
 def _retry_step_update(status: str) -> Update:
     return (
         sa.update(steps)
@@ -535,6 +534,25 @@ def retry_attempt_pg(status: str) -> sa.Select[Any]:
         list(values), sa.select(*values.values()).select_from(step)
     )
     return sa.select(*step.c).add_cte(add.cte("attempt"))
+
+
+@cache
+def add_next_attempt(status: str) -> Insert:
+    """SQLite: attempt n+1's row, before the step moves to it (:func:`retry_attempt_sqlite`,
+    in the same transaction); nothing for a step that does not exist."""
+    values: dict[str, Any] = {
+        "history_id": P("history_id", type_=history.c.history_id.type),
+        "workflow_step_id": steps.c.workflow_step_id,
+        "attempt": sa.func.coalesce(steps.c.current_attempt, 1) + 1,
+        "status": sa.literal(status, sa.Text),
+        "created_at": P("now", type_=history.c.created_at.type),
+        "reason": P("reason", type_=history.c.reason.type),
+    }
+    stamp = TIMESTAMP_COLUMN[status]
+    if stamp is not None:
+        values[stamp] = P("now", type_=history.c.created_at.type)
+    select = sa.select(*values.values()).where(steps.c.workflow_step_id == P("step_id"))
+    return sa.insert(history).from_select(list(values), select)
 
 
 @cache

@@ -11,7 +11,7 @@ from functools import cache
 from typing import Any, Final
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.dml import Insert
 
 from pikku_celery.schema import chords
@@ -30,6 +30,7 @@ from pikku_celery.store.sql.attempts import (
     step_values,
     still_going,
 )
+from pikku_celery.store.sql.spelling import Upsert
 
 __all__ = [
     "complete_runs_pg",
@@ -78,12 +79,12 @@ known_runs: Final = sa.select(runs.c.workflow_run_id).where(
 )
 
 
-@cache
-def count_deliveries(dialect: str) -> Insert:
+def count_deliveries(insert: Upsert) -> Insert:
     """Record delivery events by id; RETURNING gives the ones not counted before."""
-    insert: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(deliveries)
-    statement: Insert = insert.on_conflict_do_nothing(index_elements=["event_id"]).returning(
-        deliveries.c.event_id
+    statement: Insert = (
+        insert(deliveries)
+        .on_conflict_do_nothing(index_elements=["event_id"])
+        .returning(deliveries.c.event_id)
     )
     return statement
 
@@ -105,13 +106,13 @@ runs_held_by_unsent_bodies: Final = sa.select(chords.c.body_id, chords.c.workflo
 )
 
 
-@cache
-def open_chord(dialect: str) -> Insert:
+def open_chord(insert: Upsert) -> Insert:
     """A chord of the run waits for its body; the header's other tasks name it again."""
-    insert: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(chords)
-    statement: Insert = insert.values(
-        body_id=P("body_id"), workflow_run_id=P("run_id"), created_at=P("now")
-    ).on_conflict_do_nothing(index_elements=["body_id"])
+    statement: Insert = (
+        insert(chords)
+        .values(body_id=P("body_id"), workflow_run_id=P("run_id"), created_at=P("now"))
+        .on_conflict_do_nothing(index_elements=["body_id"])
+    )
     return statement
 
 

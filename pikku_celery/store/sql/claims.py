@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Final
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
+from pikku_celery.store.sql.spelling import Upsert
 
 __all__ = ["claim_step", "get_step", "move_run", "take_pending"]
 
 P = sa.bindparam
 
 
-@cache
-def claim_step(dialect: str) -> Insert:
+def claim_step(insert: Upsert) -> Insert:
     """The step row, unless the run has that name (or that id) already: the claim."""
-    insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(steps)
-    return insert.on_conflict_do_nothing().returning(steps.c.workflow_step_id)
+    statement: Insert = insert(steps).on_conflict_do_nothing().returning(steps.c.workflow_step_id)
+    return statement
 
 
 # A step made pending again (resume, rerun) is dispatched by the one replay

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any, Final
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
 from pikku_celery.schema import celery_groups as groups
 from pikku_celery.schema import celery_result_chord_parts as parts
 from pikku_celery.schema import celery_result_chords as chords
 from pikku_celery.schema import celery_results as results
+from pikku_celery.store.sql.spelling import Among, Upsert
 
 __all__ = [
     "ADDED_PARTS",
@@ -50,16 +49,11 @@ P = sa.bindparam
 READY_STATES: Final = ("SUCCESS", "FAILURE", "REVOKED")
 
 
-def _insert(dialect: str) -> Any:
-    return postgresql.insert if dialect == "postgresql" else sqlite.insert
-
-
-@cache
-def write_result(dialect: str) -> Insert:
+def write_result(insert: Upsert) -> Insert:
     """Forward only: a later attempt replaces an earlier one's state; within an attempt a
     ready state is final. A write that names no attempt (``attempt`` NULL: a revoke sent
     from outside the task) is one more write of the row's own attempt."""
-    insert = _insert(dialect)(results).values(
+    values = insert(results).values(
         task_id=P("task_id"),
         status=P("status"),
         attempt=sa.func.coalesce(P("attempt", type_=sa.Integer), 0),
@@ -67,10 +61,10 @@ def write_result(dialect: str) -> Insert:
         date_done=P("date_done", type_=results.c.date_done.type),
         updated_at=P("now", type_=results.c.updated_at.type),
     )
-    excluded = insert.excluded
+    excluded = values.excluded
     not_ready = sa.and_(*(results.c.status != state for state in READY_STATES))
     named = P("attempt", type_=sa.Integer)
-    statement: Insert = insert.on_conflict_do_update(
+    statement: Insert = values.on_conflict_do_update(
         index_elements=["task_id"],
         set_={
             "status": excluded.status,
@@ -101,14 +95,13 @@ get_results: Final = sa.select(results.c.task_id, results.c.status, results.c.me
 delete_result: Final = sa.delete(results).where(results.c.task_id == P("task_id"))
 
 
-@cache
-def save_group(dialect: str) -> Insert:
-    insert = _insert(dialect)(groups).values(
+def save_group(insert: Upsert) -> Insert:
+    values = insert(groups).values(
         group_id=P("group_id"), meta=P("meta", type_=sa.LargeBinary), updated_at=P("now")
     )
-    statement: Insert = insert.on_conflict_do_update(
+    statement: Insert = values.on_conflict_do_update(
         index_elements=["group_id"],
-        set_={"meta": insert.excluded.meta, "updated_at": insert.excluded.updated_at},
+        set_={"meta": values.excluded.meta, "updated_at": values.excluded.updated_at},
     )
     return statement
 
@@ -120,13 +113,8 @@ delete_group: Final = sa.delete(groups).where(groups.c.group_id == P("group_id")
 
 # Expiry in batches through the ``updated_at`` index: each statement deletes at most
 # ``limit`` rows, so none holds locks for long however large the backlog.
-def _oldest(table: sa.Table, key: sa.Column[Any], dialect: str) -> sa.ColumnElement[bool]:
-    """``key`` is one of the ``limit`` oldest rows written before ``before``.
-
-    On PostgreSQL the ids are gathered into an array first: as ``IN (subquery)`` the
-    planner hash-joins the subquery against a scan of the whole table, so a batch costs
-    as much as the table is large; ``= ANY(ARRAY(...))`` looks each id up in the key's
-    index instead."""
+def _oldest(table: sa.Table, key: sa.Column[Any], among: Among) -> sa.ColumnElement[bool]:
+    """``key`` is one of the ``limit`` oldest rows written before ``before``."""
     oldest = (
         sa.select(key)
         .where(table.c.updated_at < P("before"))
@@ -134,19 +122,15 @@ def _oldest(table: sa.Table, key: sa.Column[Any], dialect: str) -> sa.ColumnElem
         .limit(P("limit"))
         .scalar_subquery()
     )
-    if dialect == "postgresql":
-        return key == sa.any_(sa.func.array(oldest))
-    return key.in_(oldest)
+    return among(key, oldest)
 
 
-@cache
-def expire_results(dialect: str) -> sa.Delete:
-    return sa.delete(results).where(_oldest(results, results.c.task_id, dialect))
+def expire_results(among: Among) -> sa.Delete:
+    return sa.delete(results).where(_oldest(results, results.c.task_id, among))
 
 
-@cache
-def expire_groups(dialect: str) -> sa.Delete:
-    return sa.delete(groups).where(_oldest(groups, groups.c.group_id, dialect))
+def expire_groups(among: Among) -> sa.Delete:
+    return sa.delete(groups).where(_oldest(groups, groups.c.group_id, among))
 
 
 #: PostgreSQL only: readers LISTENing on the channel are told at COMMIT.
@@ -156,19 +140,18 @@ notify: Final = sa.select(sa.func.pg_notify(P("channel"), P("payload")))
 # --- chords the backend finishes itself ------------------------------------------
 
 
-@cache
-def insert_chord(dialect: str) -> Insert:
+def insert_chord(insert: Upsert) -> Insert:
     """A chord once per apply: the same apply written again (a journal replayed) changes
     nothing; a later apply of a chord that fired (a frozen chord applied again, the same
     group id) is a new run of it, which fires again, as with Celery's Redis backend."""
-    insert = _insert(dialect)(chords).values(
+    values = insert(chords).values(
         group_id=P("group_id"),
         size=P("size"),
         body=P("body", type_=sa.LargeBinary),
         created_at=P("now"),
     )
-    excluded = insert.excluded
-    statement: Insert = insert.on_conflict_do_update(
+    excluded = values.excluded
+    statement: Insert = values.on_conflict_do_update(
         index_elements=["group_id"],
         set_={
             "size": excluded.size,
@@ -182,10 +165,9 @@ def insert_chord(dialect: str) -> Insert:
     return statement
 
 
-@cache
-def insert_chord_parts(dialect: str) -> Insert:
+def insert_chord_parts(insert: Upsert) -> Insert:
     statement: Insert = (
-        _insert(dialect)(parts)
+        insert(parts)
         .values(group_id=P("group_id"), task_id=P("task_id"), position=P("position"))
         .on_conflict_do_nothing(index_elements=["group_id", "task_id"])
     )
@@ -197,8 +179,7 @@ def insert_chord_parts(dialect: str) -> Insert:
 ADDED_PARTS: Final = 1 << 30
 
 
-@cache
-def add_chord_part(dialect: str) -> Insert:
+def add_chord_part(insert: Upsert) -> Insert:
     """A task added to a chord, after its other parts; once, whatever the redeliveries."""
     last = sa.func.coalesce(sa.func.max(parts.c.position), -1)
     after = (
@@ -207,7 +188,7 @@ def add_chord_part(dialect: str) -> Insert:
         .scalar_subquery()
     )
     statement: Insert = (
-        _insert(dialect)(parts)
+        insert(parts)
         .from_select(
             ["group_id", "task_id", "position"],
             sa.select(P("chord_id", type_=sa.Text), P("task_id", type_=sa.Text), after),
@@ -234,13 +215,14 @@ chords_of_parts: Final = (
 )
 
 
-def lock_chord(dialect: str) -> sa.Select[tuple[int, bytes, object]]:
-    """The chord's row, locked on PostgreSQL until COMMIT: the batches that write its last
-    results count one after another (SQLite has one writer at a time anyway)."""
-    query = sa.select(chords.c.size, chords.c.body, chords.c.fired_at).where(
-        chords.c.group_id == P("chord_id")
-    )
-    return query.with_for_update() if dialect == "postgresql" else query
+#: The chord's row, locked on PostgreSQL until COMMIT: the batches that write its last
+#: results count one after another. SQLite has one writer at a time anyway, and no FOR
+#: UPDATE: SQLAlchemy leaves the clause out there.
+lock_chord: Final = (
+    sa.select(chords.c.size, chords.c.body, chords.c.fired_at)
+    .where(chords.c.group_id == P("chord_id"))
+    .with_for_update()
+)
 
 
 # Each part counts once, by its row in the results, whatever its deliveries; what the

@@ -2,28 +2,26 @@
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Final
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
 from pikku_celery.schema import workflow_versions as versions
+from pikku_celery.store.sql.spelling import Upsert
 
 __all__ = ["get_workflow_version", "update_workflow_version_status", "upsert_workflow_version"]
 
 P = sa.bindparam
 
 
-@cache
-def upsert_workflow_version(dialect: str) -> Insert:
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    return (
+def upsert_workflow_version(insert: Upsert) -> Insert:
+    statement: Insert = (
         insert(versions)
         .on_conflict_do_nothing(index_elements=["workflow_name", "graph_hash"])
         .returning(versions.c.workflow_name)
     )
+    return statement
 
 
 get_workflow_version: Final = sa.select(*versions.c).where(

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Final
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
 from pikku_celery.schema import run_events as events
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
+from pikku_celery.store.sql.spelling import Upsert
 
 __all__ = [
     "hold_open_step",
@@ -29,11 +28,10 @@ __all__ = [
 P = sa.bindparam
 
 
-@cache
-def insert_run_if_absent(dialect: str) -> Insert:
+def insert_run_if_absent(insert: Upsert) -> Insert:
     """A run under a caller's id, unless one has it: of racing starts, one inserts."""
-    insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(runs)
-    return insert.on_conflict_do_nothing().returning(runs.c.workflow_run_id)
+    statement: Insert = insert(runs).on_conflict_do_nothing().returning(runs.c.workflow_run_id)
+    return statement
 
 
 run_status: Final = sa.select(runs.c.status, runs.c.workflow).where(

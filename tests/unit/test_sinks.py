@@ -1,0 +1,126 @@
+"""Each process role is one sink, chosen once; a task's result follows its attempt's end.
+
+These run on SQLite in the test process: which sink a recorder or a result backend holds,
+when it changes, and the order in which events reach the journal.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from pikku_celery import PikkuCelery, WorkflowStore
+from pikku_celery.integration.backend import PikkuBackend
+from pikku_celery.integration.result_sinks import Direct, Journaled
+from pikku_celery.mirror import Recorder, result_stored
+from pikku_celery.mirror.sinks import InlineSink, NodeSink, OwnSink
+from tests.support.published import lone, own_journal
+
+
+@pytest.fixture
+def sqlite(tmp_path: Path) -> Iterator[WorkflowStore]:
+    store = WorkflowStore(f"sqlite:///{tmp_path / 'pikku.db'}")
+    store.init()
+    yield store
+    store.close()
+
+
+def kinds(recorder: Recorder) -> list[str]:
+    return [entry.kind for entry in own_journal(recorder).peek(100, time.time() + 60)]
+
+
+def test_a_recorder_chooses_its_sink_when_made_and_when_it_serves_a_node(
+    sqlite: WorkflowStore, tmp_path: Path
+) -> None:
+    inline = Recorder(sqlite, journal_dir=tmp_path / "a", background=False)
+    threaded = Recorder(sqlite, journal_dir=tmp_path / "b")
+    try:
+        assert type(inline.sink) is InlineSink
+        assert type(threaded.sink) is OwnSink
+        threaded.serve_node()
+        node = threaded.sink
+        assert type(node) is NodeSink
+        threaded.serve_node()  # once: a second call changes nothing
+        assert threaded.sink is node
+    finally:
+        inline.close()
+        threaded.close()
+
+
+def test_a_redirected_recorder_writes_inline_to_the_other_store_then_goes_back(
+    sqlite: WorkflowStore, tmp_path: Path
+) -> None:
+    other = WorkflowStore(f"sqlite:///{tmp_path / 'other.db'}")
+    other.init()
+    recorder = Recorder(sqlite, journal_dir=tmp_path / "usual")
+    usual = recorder.sink
+    try:
+        with recorder.redirected(other, journal_dir=tmp_path / "other"):
+            assert type(recorder.sink) is InlineSink
+            recorder.published(lone("s-1"))
+            assert recorder.flush()
+            assert recorder.store is other
+        assert recorder.sink is usual
+        assert other.get_step("s-1").status == "scheduled"
+        assert sqlite.runs.list_runs() == []  # nothing reached the usual store
+    finally:
+        recorder.close()
+        other.close()
+
+
+def test_a_result_stored_by_a_running_task_follows_its_attempts_end(
+    sqlite: WorkflowStore, tmp_path: Path
+) -> None:
+    recorder = Recorder(sqlite, journal_dir=tmp_path, background=False)
+    try:
+        recorder.published(lone("s-1"))
+        recorder.started("s-1", 1, worker="w", pid=os.getpid())
+        # Celery stores SUCCESS before it sends task_success.
+        recorder.result_after_attempt(result_stored("s-1", 1, "SUCCESS", b"{}", None))
+        assert kinds(recorder) == ["published", "started"]
+        recorder.succeeded("s-1", "s-1", 1, None)
+        assert kinds(recorder) == ["published", "started", "succeeded", "result"]
+        assert recorder.release("s-1")  # handed on by its end: nothing more goes
+        assert kinds(recorder) == ["published", "started", "succeeded", "result"]
+    finally:
+        recorder.close()
+
+
+def test_a_result_of_a_task_with_no_recorded_end_goes_when_the_task_has_run(
+    sqlite: WorkflowStore, tmp_path: Path
+) -> None:
+    recorder = Recorder(sqlite, journal_dir=tmp_path, background=False)
+    try:
+        recorder.published(lone("other"))
+        recorder.result_after_attempt(result_stored("plain", 1, "SUCCESS", b"{}", None))
+        recorder.succeeded("other", "other", 1, None)  # another task's end
+        assert kinds(recorder) == ["published", "succeeded"]
+        assert recorder.release("plain")
+        assert kinds(recorder) == ["published", "succeeded", "result"]
+        assert not recorder.release("plain")  # once
+    finally:
+        recorder.close()
+
+
+def test_the_result_backend_writes_through_the_installed_recorder_or_straight_to_sql(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'pikku.db'}"
+    WorkflowStore(url).init()
+    app = Celery("sinks", broker="memory://", backend=f"pikku+{url}", set_as_current=False)
+    backend = app.backend
+    assert isinstance(backend, PikkuBackend)
+    assert isinstance(backend._sink, Direct)  # no PikkuCelery on the app: no journal
+    pikku = PikkuCelery(app, database_url=url, journal_dir=str(tmp_path / "journal"))
+    try:
+        assert isinstance(backend._sink, Journaled)
+        assert backend.store is pikku.mirror.store
+    finally:
+        pikku.uninstall()
+        pikku.mirror.close()
+    assert isinstance(backend._sink, Direct)
