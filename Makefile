@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-docker check format bench bench-quick clean
+.PHONY: install demo test test-quick test-docker docs check format bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,21 +20,31 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# A contributor's loop: the unit and integration suites (PostgreSQL, Redis; no workers).
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest tests/unit tests/integration $(PYTEST_ARGS)
+
 # Only the docker suite (tests/docker: pytest-celery's containers and the compose stack). It
 # needs a docker engine; without an image registry, run docker/build-local-images.sh first.
 test-docker: $(STAMP)
 	$(BIN)/python -m pytest tests/docker $(PYTEST_ARGS)
 
+# The documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link or
+# anchor. Nothing is fetched while it builds.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 check: $(STAMP)
-	$(BIN)/ruff check pikku_celery tests bench
-	$(BIN)/ruff format --check pikku_celery tests bench
+	$(BIN)/ruff check pikku_celery tests bench docs/hooks
+	$(BIN)/ruff format --check pikku_celery tests bench docs/hooks
 	$(BIN)/mypy
 	$(BIN)/mypy -p bench
+	$(BIN)/mypy docs/hooks
 	$(BIN)/lint-imports
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix pikku_celery tests bench
-	$(BIN)/ruff format pikku_celery tests bench
+	$(BIN)/ruff check --fix pikku_celery tests bench docs/hooks
+	$(BIN)/ruff format pikku_celery tests bench docs/hooks
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.store_bench $(BENCH_ARGS)
@@ -44,4 +54,4 @@ bench-quick: $(STAMP)
 	$(BIN)/python -m bench.store_bench --quick $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache build dist *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache build dist site *.egg-info

@@ -1,6 +1,7 @@
-"""The README's "Moving to it from Redis or django-celery-results", run as written.
+"""The migration guide (docs/celery/migration.md, "Moving to it from Redis or
+django-celery-results"), run as written.
 
-The blocks marked ``<!-- guide: moving-to-pikku -->`` are taken from README.md as they are:
+The blocks marked ``<!-- guide: moving-to-pikku -->`` are taken from the page as they are:
 the app module is written to a folder, and each command of the shell block runs there, in
 order, with a real ``celery worker``. Only what points at this suite's servers differs: the
 database (the export's value), the broker (``CELERY_BROKER_URL``, which Celery reads before
@@ -27,8 +28,8 @@ from pikku_celery import WorkflowStore
 from tests.acceptance.conftest import ROOT, address, port_open, redis_db
 from tests.conftest import service_missing
 
-README = ROOT / "README.md"
-SECTION = "#### Moving to it from Redis or django-celery-results"
+GUIDE = ROOT / "docs" / "celery" / "migration.md"
+TITLE = "# Moving to it from Redis or django-celery-results"
 MARKER = "<!-- guide: moving-to-pikku -->"
 # A Redis database no other test uses: the worker consumes Celery's default queue.
 BROKER_URL = redis_db(10)
@@ -36,10 +37,9 @@ BIN = Path(sys.executable).parent
 
 
 def guide_blocks() -> tuple[str, list[str]]:
-    """The section's app module and its shell commands, as the README has them."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index(SECTION)
-    section = text[start : text.index("\n## ", start)]
+    """The guide's app module and its shell commands, as the page has them."""
+    section = GUIDE.read_text(encoding="utf-8")
+    assert section.startswith(TITLE), section[:80]
     blocks = re.findall(re.escape(MARKER) + r"\n```(\w+)\n(.*?)```", section, flags=re.DOTALL)
     assert [kind for kind, _ in blocks] == ["python", "sh"], blocks
     (_, module), (_, shell) = blocks

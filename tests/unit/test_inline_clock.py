@@ -29,11 +29,12 @@ pytest_plugins = ["pytester"]
 
 NOWHERE = "redis://127.0.0.1:9/0"
 THREE_DAYS = 3 * 24 * 3600
-README = Path(__file__).resolve().parents[2] / "README.md"
+# The inline runner's page of the documentation site.
+TESTING_PAGE = Path(__file__).resolve().parents[2] / "docs" / "testing" / "index.md"
 
 
 class Refunds:
-    """The README's refund pattern (a wait for approval with a timeout), and a sleep."""
+    """The docs' refund pattern (a wait for approval with a timeout), and a sleep."""
 
     def __init__(self, database: Path) -> None:
         self.app = Celery(f"refunds_{uuid.uuid4().hex[:8]}", broker=NOWHERE, set_as_current=False)
@@ -256,10 +257,10 @@ def test_messages_held_for_the_clock_do_not_outlive_the_runner(shop: Refunds) ->
     assert shop.calls["label"] == 0
 
 
-# --- the README's section, run as written ------------------------------------------------
+# --- the testing page's examples (docs/testing/index.md), run as written ---------------
 
 SHOP = '''
-"""The shop the README's section tests: the README's charge, ship, checkout and refund."""
+"""The shop the testing page tests: the docs' charge, ship, checkout and refund."""
 import uuid
 
 from celery import Celery
@@ -347,20 +348,20 @@ def pay_back(order_id, amount):
 '''
 
 
-def _readme_snippets() -> list[str]:
-    text = README.read_text(encoding="utf-8")
-    start = text.index("### Testing your workflows without a broker")
-    section = text[start : text.index("\n## ", start)]
+def _page_snippets() -> list[str]:
+    """The Python blocks of docs/testing/index.md, as the page has them."""
+    section = TESTING_PAGE.read_text(encoding="utf-8")
+    assert section.startswith("# Testing your workflows without a broker"), section[:80]
     return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
 
 
-def test_the_readme_sections_examples_run_as_written(pytester: pytest.Pytester) -> None:
-    with_pytest, without_pytest = _readme_snippets()
+def test_the_testing_pages_examples_run_as_written(pytester: pytest.Pytester) -> None:
+    with_pytest, without_pytest = _page_snippets()
     conftest, tests = with_pytest.split("# test_checkout.py\n")
     pytester.makepyprojecttoml('[tool.pytest.ini_options]\nfilterwarnings = ["error"]\n')
     pytester.makepyfile(shop=SHOP)
     pytester.makeconftest(conftest)
-    # The README's test module uses the `shop` its conftest imports.
+    # The page's test module uses the `shop` its conftest imports.
     pytester.makepyfile(test_checkout=f"import shop\n\n\n{tests}")
     body = textwrap.indent(without_pytest, "    ")
     pytester.makepyfile(test_inline=f"import shop\n\n\ndef test_without_pytest():\n{body}")

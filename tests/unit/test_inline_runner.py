@@ -33,7 +33,7 @@ NOWHERE = "redis://127.0.0.1:9/0"
 
 
 class Shop:
-    """The README's checkout, on an app of its own; ``calls`` counts each step's runs."""
+    """The docs' checkout, on an app of its own; ``calls`` counts each step's runs."""
 
     def __init__(self, database: Path) -> None:
         self.app = Celery(f"shop_{uuid.uuid4().hex[:8]}", broker=NOWHERE, set_as_current=False)
