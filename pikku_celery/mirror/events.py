@@ -107,10 +107,14 @@ class StepPublished(MirrorEvent):
 
 @dataclass(frozen=True, slots=True)
 class Adoption:
-    """What a worker knows of a step it runs, to record the step if nobody published it.
+    """What a worker knows of a step it runs, to record the step itself from its message.
 
-    ``published``: the message carries the publisher's headers, so its
-    publisher journaled the step and the worker's events wait for it first.
+    ``published``: the worker's events wait for the publisher's journal first (a step
+    of a run the publisher makes of more than this step: a chain's link, a canvas's
+    part). False for a message no pikku-celery publisher sent, and for a lone task,
+    whose run is the step alone: the worker records both from the message at once,
+    as the publisher would (its input, ``sent_at``, ``eta``, ``chord_body``), and the
+    publisher's own record, whenever it lands, changes nothing.
     """
 
     run_id: str
@@ -121,6 +125,9 @@ class Adoption:
     retries: int | None = None
     retry_delay: float | None = None  # seconds
     routing_json: str | None = None
+    sent_at: float | None = None
+    eta: float | None = None
+    chord_body: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
