@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,12 +102,12 @@ def test_a_lone_tasks_rows_are_the_same_whether_its_worker_or_its_publisher_land
         step_id = str(uuid.uuid4())
         # A chord's body is its own: each order's header is in a chord of its own.
         body = f"body-of-{step_id}" if chord else None
-        sides = [
-            (publisher, lambda: publish(publisher, step_id, sent_at, body)),
-            (worker, lambda: work(worker, step_id, sent_at, body)),
+        sides: list[tuple[Recorder, Callable[..., None]]] = [
+            (publisher, publish),
+            (worker, work),
         ]
         for recorder, record in sides if order == "publisher first" else sides[::-1]:
-            record()
+            record(recorder, step_id, sent_at, body)
             assert recorder.flush()
         assert publisher.journal_depth == worker.journal_depth == 0, order
         return rows(store, step_id)
