@@ -13,6 +13,7 @@ __all__ = [
     "PARENT_STEP",
     "REPLACES",
     "RUN_ID",
+    "SENT_AT",
     "STEP_NAME",
     "from_request",
     "step_headers",
@@ -29,6 +30,9 @@ ORCHESTRATED: Final = "pikku_orchestrated"
 # On the task that took over a replaced step's task id (Celery's ``Task.replace``):
 # [step id, the attempt of that step it continues]. Its own retries count on from there.
 REPLACES: Final = "pikku_replaces"
+# When the publisher sent a step's message (seconds since the epoch): a worker that records
+# the step before the publisher's journal is written gives it the same time.
+SENT_AT: Final = "pikku_sent_at"
 
 
 def from_request(request: Any, name: str) -> Any:

@@ -212,6 +212,13 @@ def _eta(value: Any) -> dt.datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
 
 
+def _seconds(value: Any) -> float | None:
+    """A time a header carries, in seconds since the epoch; None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
 def _routing(exchange: Any, routing_key: Any) -> dict[str, Any]:
     """Where a message goes: an exchange (kombu's object or its name) and a routing key."""
     name = getattr(exchange, "name", exchange)
@@ -357,6 +364,7 @@ def before_task_publish(
     else:
         run_id, parent, new_run = context.run_id, context.parent_step_id, None
     retries, retry_delay = retry_policy(task)
+    sent_at = time.time()
     mirrored.pikku.mirror.published(
         PublishedStep(
             run_id=run_id,
@@ -371,9 +379,11 @@ def before_task_publish(
             new_run=new_run,
             routing=_routing(exchange, routing_key),
             chord_body=_chord_body(body),
+            at=sent_at,
         )
     )
     headers[h.RUN_ID] = run_id
+    headers[h.SENT_AT] = sent_at
     # The name asked for: a repeat gets its "#N" when the step reaches SQL.
     headers[h.STEP_NAME] = str(base_name)
 
@@ -394,15 +404,22 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
     # A workflow's replay claimed its steps; a replacement's step was recorded before it.
     if not h.from_request(request, h.ORCHESTRATED) and replace.continued_attempt(request) is None:
         retries, retry_delay = retry_policy(task)
+        # A lone task is a run of its own: its worker records both from the message at
+        # once, and its events never wait behind the publisher's journal.
+        published = header_run is not None and header_run != step_id
+        eta = _eta(request.eta)
         adoption = mirror.adoption(
             header_run or step_id,
             h.from_request(request, h.STEP_NAME) or mirrored.step_name,
             task.name,
-            published=header_run is not None,
-            data=None if header_run is not None else _call_data(args, kwargs),
+            published=published,
+            data=None if published else _call_data(args, kwargs),
             retries=retries,
             retry_delay=retry_delay,
             routing=_delivered_to(request),
+            sent_at=_seconds(h.from_request(request, h.SENT_AT)),
+            eta=None if eta is None else eta.timestamp(),
+            chord_body=_awaited_body(getattr(request, "chord", None)),
         )
     mirror.started(
         step_id,

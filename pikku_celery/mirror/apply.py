@@ -180,13 +180,16 @@ class _Planner:
                 step_name=adoption.step_name,
                 rpc_name=adoption.rpc_name,
                 data_json=data,
-                at=moment(event.at),
+                # The time the message was sent, as its publisher records it.
+                at=moment(adoption.sent_at or event.at),
                 retries=adoption.retries,
                 retry_delay=adoption.retry_delay,
+                eta=_maybe(adoption.eta),
                 run_workflow=adoption.rpc_name if lone else None,
                 run_input_json=data if lone else None,
                 run_wire_json=_LONE_TASK_WIRE if lone else None,
                 routing_json=adoption.routing_json,
+                chord_body=adoption.chord_body,
             )
         )
 

@@ -34,13 +34,18 @@ logger = logging.getLogger(__name__)
 # about 1 ms of Python however small, so fewer, larger ones leave more CPU to the tasks.
 FLUSH_INTERVAL: Final = 0.04
 ENV_FLUSH_INTERVAL: Final = "PIKKU_FLUSH_INTERVAL"
+# A pass that wrote at most this many events found the process nearly idle (a task or two
+# per interval): a result a reader waits for is then written at once, whenever the last
+# batch was. A busier process gathers for the interval, one commit for many events.
+SMALL_PASS: Final = 8
 
 
 class Flusher:
     """The thread that writes ``journals()`` with ``flush_journals`` whenever one is due.
 
     ``journals()``: this process's journal first, then those it consumes for its node
-    (None: the thread ends); ``poll``: other processes append to some of them, which
+    (None: the thread ends); ``flush_journals``: how many events a pass wrote (None: the
+    database is away); ``poll``: other processes append to some of them, which
     no :meth:`wake` tells, so they are looked at every interval. :meth:`wake` on every
     append; :meth:`start` and :meth:`halt` are called under the owner's lock,
     :meth:`join` after it is released.
@@ -49,7 +54,7 @@ class Flusher:
     def __init__(
         self,
         journals: Callable[[], Sequence[Journal] | None],
-        flush_journals: Callable[[Sequence[Journal]], bool],
+        flush_journals: Callable[[Sequence[Journal]], int | None],
         *,
         poll: Callable[[], bool] = lambda: False,
         outage: Outage,
@@ -106,6 +111,7 @@ class Flusher:
     def _run(self) -> None:
         delay = RETRY_FIRST
         last = 0.0
+        small = True  # the last pass wrote few events, if any
         while not self._closing:
             self._wake.clear()  # before reading the journals: a later append wakes us
             journals = self._journals()
@@ -137,7 +143,7 @@ class Flusher:
                 if woken and not self._closing:
                     # The first event of a group: let the others of this interval join
                     # it, unless a reader waits for one (a result) after an idle spell.
-                    idle = time.time() - last >= self.flush_interval
+                    idle = small or time.time() - last >= self.flush_interval
                     if not (idle and self._hurry.is_set()):
                         waiter = self._hurry if idle else self._stop
                         waiter.wait(max(self.flush_interval, gap))
@@ -147,14 +153,16 @@ class Flusher:
             if events:  # a pass that only looks for orphans is no batch to space out
                 last = time.time()
             try:
-                ok = self._flush_journals(journals)
+                written = self._flush_journals(journals)
             except Exception:  # never let the thread die: the journal stays on disk
                 logger.exception(
                     "pikku-celery could not write its journal %s; it stays on disk",
                     journals[0].path,
                     extra={"action": "journal_flush_failed"},
                 )
-                ok = False
+                written = None
+            ok = written is not None
+            small = written is not None and written <= SMALL_PASS
             delay = RETRY_FIRST if ok else min(delay * 2, RETRY_MOST)
             if ok:
                 run_chores(self._chores)

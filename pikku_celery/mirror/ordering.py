@@ -62,8 +62,8 @@ def overdue(deferred_since: float | None, now: float, grace: float) -> bool:
 
 
 def adopts(adoption: Adoption, overdue: bool) -> bool:
-    """A started step nobody published through pikku-celery is recorded from its start at
-    once; one its publisher journaled waits for that publish until it is overdue."""
+    """A started step nobody published through pikku-celery, or a lone task's, is recorded
+    from its start at once; a step of a larger run waits for its publish until overdue."""
     return not adoption.published or overdue
 
 

@@ -277,6 +277,7 @@ class Recorder:
         self._record(
             StepPublished,
             step.step_id,
+            step.at,
             run_id=step.run_id,
             step_name=step.step_name,
             rpc_name=step.rpc_name,
@@ -334,8 +335,12 @@ class Recorder:
         retries: int | None = None,
         retry_delay: float | None = None,
         routing: Mapping[str, Any] | None = None,
+        sent_at: float | None = None,
+        eta: float | None = None,
+        chord_body: str | None = None,
     ) -> Adoption:
-        """What a worker knows of a step; its input is kept only when no publisher has it."""
+        """What a worker knows of a step; its input is kept only when it records the step
+        itself (``published`` False: see :class:`~pikku_celery.mirror.events.Adoption`)."""
         return Adoption(
             run_id=run_id,
             step_name=step_name,
@@ -345,6 +350,9 @@ class Recorder:
             retries=retries,
             retry_delay=retry_delay,
             routing_json=routing_json(routing),
+            sent_at=sent_at,
+            eta=eta,
+            chord_body=chord_body,
         )
 
     def retried(

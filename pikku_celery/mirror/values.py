@@ -50,6 +50,8 @@ class PublishedStep:
     routing: Mapping[str, Any] | None = None
     #: A chord's header task: the task id of the chord's body, which holds the run open.
     chord_body: str | None = None
+    #: When the message was sent (default: when the event is made).
+    at: float | None = None
 
 
 # A process sends to a few queues: each one's routing is encoded once, not per event.

@@ -14,7 +14,7 @@ import datetime as dt
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
 
@@ -40,15 +40,26 @@ __all__ = ["Batches"]
 logger = logging.getLogger(__name__)
 
 
+# The steps this process warned of: a lone task's step is recorded by its worker and again
+# by its publisher, and one warning says it. Bounded: a long-lived process forgets.
+_WARNED: dict[str, None] = {}
+_WARNED_KEPT: Final = 1024
+
+
 def _delay_text(seconds: float | None, step_id: str) -> str | None:
     """A step's retry delay as the tables hold it. One no duration expresses (a Celery
-    task option set by hand to -1) is left out, with a warning: the step is recorded
-    anyway, and the task it mirrors never hears of it."""
+    task option set by hand to -1) is left out, with a warning (once per step in a
+    process): the step is recorded anyway, and the task it mirrors never hears of it."""
     if seconds is None:
         return None
     try:
         return format_duration(seconds)
     except InvalidDuration:
+        if step_id in _WARNED:
+            return None
+        if len(_WARNED) >= _WARNED_KEPT:
+            _WARNED.clear()
+        _WARNED[step_id] = None
         logger.warning(
             "retry delay %r of step %s is not a duration; the step is recorded without it",
             seconds,

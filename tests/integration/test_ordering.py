@@ -183,6 +183,21 @@ def steps(store: WorkflowStore, run_id: str) -> dict[str, str]:
     return {s.step_name: s.status for s in store.list_step_states(run_id)}
 
 
+def the_success_waits_for_the_link(
+    store: WorkflowStore, writer: Writer, worker: Journal, run_id: str, *, before: dict[str, str]
+) -> None:
+    """The worker's three events wait (the run stays open with ``before``), then, once due,
+    land: the first link succeeded, the next one runs, and the run is still open."""
+    assert depth(worker) == (3, 0)
+    assert steps(store, run_id) == before
+    assert store.get_run(run_id).status == "running"
+    due_now(worker)
+    writer.flush(worker)
+    assert depth(worker) == (0, 0)
+    assert steps(store, run_id) == {"add": "succeeded", "add#2": "running"}
+    assert store.get_run(run_id).status == "running"
+
+
 # --- across processes: a step's events wait for its publish, for at most its grace --------
 
 
@@ -432,14 +447,7 @@ def test_a_steps_success_waits_for_a_publish_of_its_run_that_waits(
     append(worker, succeeded(first, run_id), started(second, adoption=adoption))
     writer.flush(publisher)
     writer.flush(worker)  # the link's publish is not due: the success waits for it
-    assert depth(worker) == (3, 0)
-    assert steps(store, run_id) == {"add": "scheduled"}
-    assert store.get_run(run_id).status == "running"
-    due_now(worker)
-    writer.flush(worker)
-    assert depth(worker) == (0, 0)
-    assert steps(store, run_id) == {"add": "succeeded", "add#2": "running"}
-    assert store.get_run(run_id).status == "running"
+    the_success_waits_for_the_link(store, writer, worker, run_id, before={"add": "scheduled"})
 
 
 def test_a_publish_that_waits_in_a_batch_holds_back_the_success_behind_it(
@@ -456,14 +464,7 @@ def test_a_publish_that_waits_in_a_batch_holds_back_the_success_behind_it(
     writer.flush(worker)  # the link's start waits for its publish
     append(worker, link(run_id, second, first), succeeded(first, run_id))
     writer.flush(worker)
-    assert depth(worker) == (3, 0)
-    assert steps(store, run_id) == {"add": "running"}
-    assert store.get_run(run_id).status == "running"
-    due_now(worker)
-    writer.flush(worker)
-    assert depth(worker) == (0, 0)
-    assert steps(store, run_id) == {"add": "succeeded", "add#2": "running"}
-    assert store.get_run(run_id).status == "running"
+    the_success_waits_for_the_link(store, writer, worker, run_id, before={"add": "running"})
 
 
 def test_a_batch_split_around_a_poison_event_keeps_the_order_of_its_halves(

@@ -30,6 +30,13 @@ def sqlite(tmp_path: Path) -> Iterator[WorkflowStore]:
     store.close()
 
 
+@pytest.fixture
+def inline(sqlite: WorkflowStore, tmp_path: Path) -> Iterator[Recorder]:
+    recorder = Recorder(sqlite, journal_dir=tmp_path / "inline", background=False)
+    yield recorder
+    recorder.close()
+
+
 def kinds(recorder: Recorder) -> list[str]:
     return [entry.kind for entry in own_journal(recorder).peek(100, time.time() + 60)]
 
@@ -73,38 +80,28 @@ def test_a_redirected_recorder_writes_inline_to_the_other_store_then_goes_back(
         other.close()
 
 
-def test_a_result_stored_by_a_running_task_follows_its_attempts_end(
-    sqlite: WorkflowStore, tmp_path: Path
-) -> None:
-    recorder = Recorder(sqlite, journal_dir=tmp_path, background=False)
-    try:
-        recorder.published(lone("s-1"))
-        recorder.started("s-1", 1, worker="w", pid=os.getpid())
-        # Celery stores SUCCESS before it sends task_success.
-        recorder.result_after_attempt(result_stored("s-1", 1, "SUCCESS", b"{}", None))
-        assert kinds(recorder) == ["published", "started"]
-        recorder.succeeded("s-1", "s-1", 1, None)
-        assert kinds(recorder) == ["published", "started", "succeeded", "result"]
-        assert recorder.release("s-1")  # handed on by its end: nothing more goes
-        assert kinds(recorder) == ["published", "started", "succeeded", "result"]
-    finally:
-        recorder.close()
+def test_a_result_stored_by_a_running_task_follows_its_attempts_end(inline: Recorder) -> None:
+    inline.published(lone("s-1"))
+    inline.started("s-1", 1, worker="w", pid=os.getpid())
+    # Celery stores SUCCESS before it sends task_success.
+    inline.result_after_attempt(result_stored("s-1", 1, "SUCCESS", b"{}", None))
+    assert kinds(inline) == ["published", "started"]
+    inline.succeeded("s-1", "s-1", 1, None)
+    assert kinds(inline) == ["published", "started", "succeeded", "result"]
+    assert inline.release("s-1")  # handed on by its end: nothing more goes
+    assert kinds(inline) == ["published", "started", "succeeded", "result"]
 
 
 def test_a_result_of_a_task_with_no_recorded_end_goes_when_the_task_has_run(
-    sqlite: WorkflowStore, tmp_path: Path
+    inline: Recorder,
 ) -> None:
-    recorder = Recorder(sqlite, journal_dir=tmp_path, background=False)
-    try:
-        recorder.published(lone("other"))
-        recorder.result_after_attempt(result_stored("plain", 1, "SUCCESS", b"{}", None))
-        recorder.succeeded("other", "other", 1, None)  # another task's end
-        assert kinds(recorder) == ["published", "succeeded"]
-        assert recorder.release("plain")
-        assert kinds(recorder) == ["published", "succeeded", "result"]
-        assert not recorder.release("plain")  # once
-    finally:
-        recorder.close()
+    inline.published(lone("other"))
+    inline.result_after_attempt(result_stored("plain", 1, "SUCCESS", b"{}", None))
+    inline.succeeded("other", "other", 1, None)  # another task's end
+    assert kinds(inline) == ["published", "succeeded"]
+    assert inline.release("plain")
+    assert kinds(inline) == ["published", "succeeded", "result"]
+    assert not inline.release("plain")  # once
 
 
 def test_the_result_backend_writes_through_the_installed_recorder_or_straight_to_sql(

@@ -166,13 +166,18 @@ class OwnSink(InlineSink):
         super().__init__(place, settings, after)
         self._flusher = Flusher(
             self._flushed_journals,
-            self._write,
+            self._pass,
             poll=self._polls,
             outage=self._outage,
             chores=self._chores(),
             flush_interval=settings.flush_interval,
             adopt_interval=settings.adopt_interval,
         )
+
+    def _pass(self, journals: Sequence[Journal]) -> int | None:
+        """The flusher thread's pass: how many events it wrote; None: the database is away."""
+        before = self._batches.written
+        return self._batches.written - before if self._write(journals) else None
 
     def _chores(self) -> list[Chore]:
         return [self._orphans, Ledger(self.place.store)]
