@@ -9,12 +9,15 @@ their own: `nox -s lowest -- tests/unit -x`.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.error_on_missing_interpreters = True
 nox.options.sessions = ["lowest", "newest"]
 
 PYTHON = "3.11"
+CONSTRAINTS = Path(__file__).parent / "constraints" / "lowest.txt"
 # uv installs the test extra in seconds; pip (virtualenv) where uv is not installed.
 BACKEND = "uv|virtualenv"
 SUITES = ["tests/unit", "tests/integration"]
@@ -30,8 +33,13 @@ WORKER_SLICE = [
     "-k",
     " and ".join(f"not {word}" for word in LEFT_OUT),
 ]
-# Printed before the tests, so that a session's log says which versions it ran.
-NAMED = ["celery", "kombu", "billiard", "vine", "redis", "sqlalchemy", "psycopg", "alembic"]
+# Every package the lowest set names, printed with its version before the tests of either
+# session, so that its log says which versions it ran.
+NAMED = [
+    line.split("==")[0]
+    for line in (raw.split("#")[0].strip() for raw in CONSTRAINTS.read_text().splitlines())
+    if line
+]
 
 
 def _run_tests(session: nox.Session) -> None:
@@ -52,7 +60,7 @@ def _run_tests(session: nox.Session) -> None:
 @nox.session(python=PYTHON, venv_backend=BACKEND)
 def lowest(session: nox.Session) -> None:
     """The floors of pyproject.toml's dependencies, named in constraints/lowest.txt."""
-    session.install("-c", "constraints/lowest.txt", "-e", ".[test]")
+    session.install("-c", str(CONSTRAINTS), "-e", ".[test]")
     _run_tests(session)
 
 
