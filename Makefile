@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-quick test-docker docs check format bench bench-quick clean
+.PHONY: install demo test test-quick test-lowest test-docker docs check format bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ test: $(STAMP)
 # A contributor's loop: the unit and integration suites (PostgreSQL, Redis; no workers).
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest tests/unit tests/integration $(PYTEST_ARGS)
+
+# The unit and integration suites and a slice of the acceptance suite, in a virtualenv of their
+# own with the lowest versions pyproject.toml allows (noxfile.py, constraints/lowest.txt).
+test-lowest: $(STAMP)
+	$(BIN)/nox -s lowest
 
 # Only the docker suite (tests/docker: pytest-celery's containers and the compose stack). It
 # needs a docker engine; without an image registry, run docker/build-local-images.sh first.

@@ -62,6 +62,12 @@ class WorkflowTask(_TaskBase):
             done, result = finished_result(self.app, str(request.id))
             if done:
                 return result
+        if not request.called_directly:
+            # Traced (a worker, apply(), an embedded or inline worker): the tracer has pushed
+            # this request; run the body under it, as Celery runs a task without a __call__ of
+            # its own. Task.__call__ pushes another request, which before Celery 5.5 is empty
+            # outside a `celery worker` process: no id, and retry() raised instead of retrying.
+            return self.run(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
 

@@ -29,6 +29,7 @@ from pikku_celery.errors import ConfigurationError, PayloadTooLarge
 from pikku_celery.integration.backend import ResultTooLarge
 from tests.acceptance.conftest import ROOT, Worker, worker_running
 from tests.acceptance.results_loading import QUEUE, results_app
+from tests.support.celery_release import since_celery
 
 
 @pytest.fixture(scope="module", params=["postgresql", "sqlite"])
@@ -107,6 +108,7 @@ def test_a_custom_state_is_seen_while_the_task_runs_then_its_result(
     assert sent.state == "SUCCESS"  # a late STARTED or PROGRESS never rewinds it
 
 
+@since_celery("5.7", "AsyncResult has no exists()")
 def test_unknown_ids_are_pending_and_forget_removes_a_result(
     results: tuple[ModuleType, Worker],
 ) -> None:
@@ -243,6 +245,7 @@ def test_a_result_over_the_payload_limit_fails_the_task_saying_why(
     assert app.huge.delay(1).get(timeout=60) == "x" * 1024 * 1024  # under it: as it was
 
 
+@since_celery("5.7", "Reject(requeue=False) stores no result, so get() waits for ever")
 def test_a_task_that_rejects_its_message_for_good_fails_at_once(
     results: tuple[ModuleType, Worker],
 ) -> None:
@@ -269,6 +272,7 @@ def test_the_links_after_a_failed_link_of_a_chain_fail_with_it(
     assert last.state == "FAILURE"
 
 
+@since_celery("5.7", "a revoke stores no REVOKED, or stores it over any state")
 @pytest.mark.parametrize("state", ["STARTED", "PROGRESS"])
 def test_a_revoke_leaves_the_state_another_process_wrote(
     results: tuple[ModuleType, Worker], state: str

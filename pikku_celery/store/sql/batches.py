@@ -168,6 +168,17 @@ def _reader(rows: Any) -> Source:
     return read
 
 
+def _distinct_on(select: sa.Select[Any], column: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """PostgreSQL's ``DISTINCT ON (column)``, in the spelling of the SQLAlchemy installed.
+
+    SQLAlchemy 2.1 spells it ``.ext(distinct_on(...))`` and deprecates the only spelling
+    2.0 has, ``.distinct(column)``; pyproject.toml allows both.
+    """
+    if hasattr(select, "ext"):
+        return select.ext(postgresql.distinct_on(column))
+    return select.distinct(column)
+
+
 @cache
 def record_attempts_pg(status: str) -> Insert:
     """Every transition of the batch that ends at ``status``: attempt rows and step rows.
@@ -177,14 +188,16 @@ def record_attempts_pg(status: str) -> Insert:
     """
     events = _rows("ev", _TRANSITION_ROWS)
     newest = (
-        sa.select(
-            *(
-                events.c[name]
-                for name in ("step_id", "attempt_no", "now", "result", "error", "retries")
+        _distinct_on(
+            sa.select(
+                *(
+                    events.c[name]
+                    for name in ("step_id", "attempt_no", "now", "result", "error", "retries")
+                ),
+                events.c.retry_delay,
             ),
-            events.c.retry_delay,
+            events.c.step_id,
         )
-        .ext(postgresql.distinct_on(events.c.step_id))
         .order_by(events.c.step_id, events.c.attempt_no.desc())
         .cte("newest")
     )
