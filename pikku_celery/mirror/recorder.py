@@ -1,12 +1,10 @@
 """``Recorder``: turns what a source of events saw into a typed event and hands it to its sink.
 
-A recorder call never fails the user's task and never changes its result, and
-it makes no database round trip on a task's path: it encodes the event's
-values once (a value that is not JSON becomes a marked placeholder) and hands
-the event to this process's :class:`~pikku_celery.mirror.sink.EventSink`,
-chosen once for the process's role (``sinks``): when the recorder is made,
-when it serves a worker node, in a forked child, and while it is redirected.
-``apply`` says which rows each event moves.
+A recorder call never fails the user's task, never changes its result and makes
+no database round trip on a task's path: it encodes the event's values once (one
+that is not JSON becomes a marked placeholder) and hands the event to this
+process's :class:`~pikku_celery.mirror.sink.EventSink`, chosen once per role
+(``sinks``): when made, when serving a node, after a fork, while redirected.
 """
 
 from __future__ import annotations
@@ -110,8 +108,7 @@ class Recorder:
 
     @property
     def direct(self) -> EventSink:
-        """A sink that writes each event at once, to this recorder's store: for a state
-        stored outside any task, which nothing journaled before it has to precede."""
+        """Writes each event at once to this store (a state stored outside any task)."""
         self._fork.check()
         if self._direct is None:
             self._direct = DirectSink(self._store, self._after)
