@@ -404,9 +404,12 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
     # A workflow's replay claimed its steps; a replacement's step was recorded before it.
     if not h.from_request(request, h.ORCHESTRATED) and replace.continued_attempt(request) is None:
         retries, retry_delay = retry_policy(task)
-        # A lone task is a run of its own: its worker records both from the message at
-        # once, and its events never wait behind the publisher's journal.
-        published = header_run is not None and header_run != step_id
+        # A lone task is a run of its own and the root of its tree: its worker records both
+        # from the message at once, and its events never wait behind the publisher's
+        # journal. A chain's last link has its run's id too, but its chain's root: it waits.
+        root = getattr(request, "root_id", None)
+        lone = header_run == step_id and (root is None or str(root) == step_id)
+        published = header_run is not None and not lone
         eta = _eta(request.eta)
         adoption = mirror.adoption(
             header_run or step_id,
