@@ -404,12 +404,7 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
     # A workflow's replay claimed its steps; a replacement's step was recorded before it.
     if not h.from_request(request, h.ORCHESTRATED) and replace.continued_attempt(request) is None:
         retries, retry_delay = retry_policy(task)
-        # A lone task is a run of its own and the root of its tree: its worker records both
-        # from the message at once, and its events never wait behind the publisher's
-        # journal. A chain's last link has its run's id too, but its chain's root: it waits.
-        root = getattr(request, "root_id", None)
-        lone = header_run == step_id and (root is None or str(root) == step_id)
-        published = header_run is not None and not lone
+        published = header_run is not None and not lone(request, step_id, header_run)
         eta = _eta(request.eta)
         adoption = mirror.adoption(
             header_run or step_id,
@@ -432,6 +427,22 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
         adoption=adoption,
         # A replacement carries the attempt on: not one more delivery of its message.
         delivery=replace.continued_attempt(request) is None,
+    )
+
+
+def lone(request: Any, step_id: str, header_run: str | None) -> bool:
+    """Whether a task is lone: a run of its own, the root of its tree and no chord's header.
+    Its worker records both from the message at once, and its events never wait behind
+    the publisher's journal.
+
+    A chain's last link has its run's id too, but its chain's root. A chord's header task
+    applied outside a run is a run of its own, but which run holds the chord for its body
+    is decided by the order its publisher wrote the header in. Both wait for their publish."""
+    root = getattr(request, "root_id", None)
+    return (
+        header_run == step_id
+        and (root is None or str(root) == step_id)
+        and getattr(request, "chord", None) is None
     )
 
 
