@@ -222,7 +222,10 @@ def test_a_steps_success_waits_behind_a_deferred_publish_of_its_run(
     """Celery publishes a chain's next link before its sender's success. When the link
     waits (the sender's own publish is not in SQL yet) and the success is read later, on
     its own, the success waits for the link: else the run completes without its next step."""
-    publisher, worker = mirror_of(store, tmp_path), mirror_of(store, tmp_path)
+    publisher = mirror_of(store, tmp_path)
+    # Deferred events come due one interval after they were deferred: long enough here
+    # for the steps below to run between two of them on a loaded machine.
+    worker = Recorder(store, journal_dir=tmp_path / "worker", background=False, flush_interval=0.5)
     run_id, first, second = chain_started(store, publisher, worker)
     worker.published(chain_link(run_id, second, first))
     assert worker.flush()  # both wait for the first link's publish
@@ -231,7 +234,7 @@ def test_a_steps_success_waits_behind_a_deferred_publish_of_its_run(
     assert worker.flush()  # the two deferred are not due yet: the success waits with them
     assert store.get_run(run_id).status == "running"
     assert [s.status for s in store.list_step_states(run_id)] == ["scheduled"]
-    time.sleep(0.05)  # the first retry of a deferred event
+    time.sleep(0.55)  # the first retry of a deferred event
     assert worker.flush()
     assert worker.journal_depth == 0
     steps = {s.step_name: s.status for s in store.list_step_states(run_id)}
