@@ -272,6 +272,9 @@ def test_the_dashboard_and_metrics_read_the_replica_and_its_actions_write_the_pr
             api = client.get(f"/api/runs/{new}", auth=signed_in)
             assert api.status_code == 404 and "Try again in a moment" in api.json()["error"]
             assert _running(client.get("/metrics").text) == running  # what the replica shows
+            listing = client.get("/?workflow=replica-dashboard", auth=signed_in).text
+            assert new not in listing and "Read on a replica that is" in listing
+            assert "behind the primary" in listing
             assert client.get("/readyz").status_code == 200
             # Actions are writes: they reach the primary while the replica shows none of it.
             deleted = client.post(
