@@ -24,6 +24,7 @@ from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
 from pikku_celery.integration.upkeep import ENV_REAPER_INTERVAL, REAPER_INTERVAL, Upkeep
+from pikku_celery.integration.wakeups import configure_wakeups
 from pikku_celery.mirror import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, Recorder
 from pikku_celery.store import (
     DEFAULT_DATABASE_URL,
@@ -92,7 +93,10 @@ class PikkuCelery:
 
     ``result_backend=True`` makes the same database Celery's result backend
     (``app.conf.result_backend = "pikku://"``): ``AsyncResult.get()`` reads what the
-    mirror wrote, in the same transactions as the attempts.
+    mirror wrote, in the same transactions as the attempts. Waiting readers are told of
+    results by the database (``LISTEN``/``NOTIFY``), or with
+    ``app.conf.pikku_result_wakeups = "broker"`` (else ``PIKKU_RESULT_WAKEUPS``) on the
+    app's Redis broker, for readers that cannot LISTEN.
 
     ``app.conf.pikku_read_database_url`` (else ``PIKKU_READ_DATABASE_URL``) names a
     streaming replica of the database for the faces' reads: :attr:`read_store`. The
@@ -122,6 +126,7 @@ class PikkuCelery:
                 or DEFAULT_DATABASE_URL
             )
             store = WorkflowStore(url, **_max_payload_bytes(app.conf))
+        configure_wakeups(app.conf, store)
         self.mirror = Recorder(
             store,
             journal_dir=journal_dir or app.conf.get("pikku_journal_dir") or None,

@@ -49,7 +49,7 @@ from pikku_celery.store.models import (
 )
 from pikku_celery.store.prune import DEFAULT_PRUNE_STATUSES, PruneCount
 from pikku_celery.store.replica import ReplicaLag
-from pikku_celery.store.result_watch import ResultWatch
+from pikku_celery.store.result_watch import ResultWatch, Wakeups
 from pikku_celery.store.results import StoredResult
 from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts
 from pikku_celery.store.workflow_store import PUBLIC_METHODS, UNSET, WorkflowStore
@@ -93,6 +93,7 @@ __all__ = [
     "StepTransition",
     "StoredResult",
     "UnsentClaim",
+    "Wakeups",
     "WorkflowRun",
     "WorkflowStore",
     "WorkflowVersion",
