@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import socket
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import uvicorn
 from celery import Celery
 from celery.result import AsyncResult
 from starlette.testclient import TestClient
@@ -337,3 +339,48 @@ def test_the_result_backend_and_its_listener_never_read_the_replica(
         # Woken by the primary's NOTIFY and read there: the paused replica never has it.
         assert AsyncResult(task_id, app=pikku.app).get(timeout=10) == {"answer": 42}
         writer.join()
+
+
+def test_the_dashboard_command_serves_reads_from_the_replica_it_is_given(
+    pair: ReplicaPair,
+    primary_url: str,
+    replica_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``pikku-celery dashboard --read-database-url``: the app it serves, asked while it is
+    served (the command closes its store after)."""
+    run_id = ""
+    statuses: list[int] = []
+
+    def serve(server: uvicorn.Server, sockets: list[socket.socket] | None = None) -> None:
+        app: Any = server.config.app  # the Starlette app the command made
+        with TestClient(app) as client:
+            page = client.get(f"/runs/{run_id}")
+            statuses.append(page.status_code)
+            assert page.status_code == 200 or "is not on the read replica" in page.text
+
+    monkeypatch.setattr(uvicorn.Server, "run", serve)
+    command = (
+        "--database-url",
+        primary_url,
+        "--read-database-url",
+        replica_url,
+        "dashboard",
+        "--port",
+        "0",
+    )
+    primary = WorkflowStore(primary_url)
+    with replay_paused(pair):
+        run_id = primary.create_run("replica-command", {"n": 8})
+        received(pair)
+        code, out, _ = _cli(capsys, *command)
+        assert code == 0
+        assert (
+            f"reading the replica postgresql+psycopg://postgres@127.0.0.1:{pair.replica_port}/"
+            in out
+        )
+    replayed(pair)
+    assert _cli(capsys, *command)[0] == 0
+    assert statuses == [404, 200]
+    primary.close()
