@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar, overload
+from typing import Any, TypedDict, TypeVar, overload
 
 from celery import Celery
 from celery.canvas import Signature
@@ -24,8 +24,14 @@ from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
 from pikku_celery.integration.upkeep import ENV_REAPER_INTERVAL, REAPER_INTERVAL, Upkeep
+from pikku_celery.integration.wakeups import configure_wakeups
 from pikku_celery.mirror import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, Recorder
-from pikku_celery.store import DEFAULT_DATABASE_URL, ENV_DATABASE_URL, WorkflowStore
+from pikku_celery.store import (
+    DEFAULT_DATABASE_URL,
+    ENV_DATABASE_URL,
+    ENV_READ_DATABASE_URL,
+    WorkflowStore,
+)
 from pikku_celery.workflows.definition import Workflow
 from pikku_celery.workflows.engine import WorkflowEngine
 
@@ -45,7 +51,11 @@ MAX_PAYLOAD_SETTING = "pikku_max_payload_bytes"
 ENV_MAX_PAYLOAD_BYTES = "PIKKU_MAX_PAYLOAD_BYTES"
 
 
-def _max_payload_bytes(conf: Any) -> dict[str, int]:
+class _StoreOptions(TypedDict, total=False):
+    max_payload_bytes: int
+
+
+def _max_payload_bytes(conf: Any) -> _StoreOptions:
     """``WorkflowStore``'s ``max_payload_bytes`` argument, when one is configured."""
     configured = conf.get(MAX_PAYLOAD_SETTING)
     if configured is None or configured == "":
@@ -83,7 +93,14 @@ class PikkuCelery:
 
     ``result_backend=True`` makes the same database Celery's result backend
     (``app.conf.result_backend = "pikku://"``): ``AsyncResult.get()`` reads what the
-    mirror wrote, in the same transactions as the attempts.
+    mirror wrote, in the same transactions as the attempts. Waiting readers are told of
+    results by the database (``LISTEN``/``NOTIFY``), or with
+    ``app.conf.pikku_result_wakeups = "broker"`` (else ``PIKKU_RESULT_WAKEUPS``) on the
+    app's Redis broker, for readers that cannot LISTEN.
+
+    ``app.conf.pikku_read_database_url`` (else ``PIKKU_READ_DATABASE_URL``) names a
+    streaming replica of the database for the faces' reads: :attr:`read_store`. The
+    mirror, the result backend and its listener, and the workflow engine never use it.
     """
 
     def __init__(
@@ -109,6 +126,7 @@ class PikkuCelery:
                 or DEFAULT_DATABASE_URL
             )
             store = WorkflowStore(url, **_max_payload_bytes(app.conf))
+        configure_wakeups(app.conf, store)
         self.mirror = Recorder(
             store,
             journal_dir=journal_dir or app.conf.get("pikku_journal_dir") or None,
@@ -123,6 +141,10 @@ class PikkuCelery:
         self.workflows = WorkflowEngine(app, self.mirror)
         self._upkeep: Upkeep | None = None
         self._upkeep_pid = 0
+        self.read_database_url: str | None = (
+            app.conf.get("pikku_read_database_url") or os.environ.get(ENV_READ_DATABASE_URL) or None
+        )
+        self._read_store: WorkflowStore | None = None
         # Task events stay the user's choice: Flower needs them, the mirror does not.
         reap_task = as_task_function(self._reap_task)
         app.task(name=REAP_TASK, ignore_result=True, shared=False)(reap_task)
@@ -162,6 +184,20 @@ class PikkuCelery:
     @property
     def store(self) -> WorkflowStore:
         return self.mirror.store
+
+    @property
+    def read_store(self) -> WorkflowStore:
+        """The store the faces read through: ``create_app(pikku.read_store, actions=pikku)``.
+
+        With a read replica (``read_database_url``), a face on the same engine as
+        :attr:`store` whose reads go to the replica and whose writes (a dashboard's
+        delete) go to the primary; without one, :attr:`store` itself.
+        """
+        if self.read_database_url is None:
+            return self.store
+        if self._read_store is None:
+            self._read_store = WorkflowStore(self.store.engine, read_url=self.read_database_url)
+        return self._read_store
 
     @property
     def selection(self) -> TaskSelection:

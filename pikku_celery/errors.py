@@ -11,6 +11,7 @@
     ├── StoreError                  the SQL mirror refused or failed an operation
     │   ├── NotFoundError
     │   │   ├── RunNotFound
+    │   │   │   └── RunNotOnReplicaYet  not found on a read replica that is behind
     │   │   ├── StepNotFound
     │   │   └── VersionNotFound
     │   ├── RunIdTaken              a start's run id belongs to a run of another workflow
@@ -55,6 +56,7 @@ __all__ = [
     "RunFailed",
     "RunIdTaken",
     "RunNotFound",
+    "RunNotOnReplicaYet",
     "RunSettled",
     "SchemaNotCurrent",
     "SerializationError",
@@ -135,6 +137,20 @@ class RunNotFound(NotFoundError):
         super().__init__(
             f"Workflow run {run_id!r} does not exist; check the run id "
             "(it may have been deleted or pruned)."
+        )
+
+
+class RunNotOnReplicaYet(RunNotFound):
+    """No such workflow run on the read replica, which is behind its primary: the run may
+    not be replayed there yet; try again in a moment, or read the primary."""
+
+    def __init__(self, run_id: str, where: str, behind: str) -> None:
+        self.run_id = run_id
+        NotFoundError.__init__(
+            self,
+            f"Workflow run {run_id!r} is not on the read replica {where}, which {behind}; "
+            "a run just started may not be there yet. Try again in a moment, or read the "
+            "primary (leave out --read-database-url / PIKKU_READ_DATABASE_URL).",
         )
 
 

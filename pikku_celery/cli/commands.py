@@ -26,6 +26,7 @@ from pikku_celery.cli.common import (
     EXIT_USAGE,
     add_app_option,
     env_help,
+    reading_store_of,
     store_of,
 )
 from pikku_celery.cli.journal import add_journal_command
@@ -39,6 +40,7 @@ from pikku_celery.errors import (
 from pikku_celery.store import (
     DEFAULT_DATABASE_URL,
     ENV_DATABASE_URL,
+    ENV_READ_DATABASE_URL,
     require_existing_database,
     safe_url,
 )
@@ -162,7 +164,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     pikku = load_pikku(args.app, args.named_database_url) if args.app else None
     if pikku is not None:
         require_existing_database(pikku.store.engine.url)
-    store = pikku.store if pikku is not None else store_of(args)
+        # The option wins over the app's setting, which wins over the environment.
+        if args.read_database_url:
+            pikku.read_database_url = args.read_database_url
+        store = pikku.read_store
+    else:
+        store = reading_store_of(args)
     try:
         app = create_app(store, actions=pikku, flower_url=args.flower_url, auth_token=password)
         try:
@@ -177,6 +184,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
                 mode = "sign in to resume, rerun, cancel and delete runs, and send them events"
             else:
                 mode = "sign in to delete runs; pass --app for resume, rerun, cancel and send event"
+            if store.replica is not None:
+                mode += f"; reading the replica {safe_url(store.replica.engine.url)}"
             # The port bound, which --port 0 leaves to the system.
             port = sock.getsockname()[1]
             host = f"[{args.host}]" if ":" in args.host else args.host
@@ -316,6 +325,16 @@ def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
             "PikkuCelery is pointed at it, and an app that names another database itself "
             "is an error",
             ENV_DATABASE_URL,
+        ),
+    )
+    where.add_argument(
+        "--read-database-url",
+        default=None if top else unset,
+        help=env_help(
+            "a streaming replica of the database, for what the dashboard, its /metrics, "
+            "`runs list` and `runs show` read (default: the database itself; with --app, the "
+            "app's pikku_read_database_url); writes never go there",
+            ENV_READ_DATABASE_URL,
         ),
     )
     where.add_argument(

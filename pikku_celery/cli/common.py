@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any, Final
 
 from pikku_celery.cli.app_loader import ENV_APP
 from pikku_celery.cli.options import env_flag
-from pikku_celery.store import WorkflowStore, require_existing_database
+from pikku_celery.store import ENV_READ_DATABASE_URL, WorkflowStore, require_existing_database
 
 __all__ = [
     "ENV_JSON",
@@ -23,6 +24,8 @@ __all__ = [
     "add_json_option",
     "env_help",
     "print_json",
+    "read_database_url",
+    "reading_store_of",
     "store_of",
 ]
 
@@ -49,6 +52,22 @@ def store_of(args: argparse.Namespace, *, creates: bool = False) -> WorkflowStor
     if not creates:
         require_existing_database(args.database_url)
     return WorkflowStore(args.database_url)
+
+
+def read_database_url(args: argparse.Namespace) -> str | None:
+    """The read replica of ``--read-database-url``, else of ``PIKKU_READ_DATABASE_URL``."""
+    return args.read_database_url or os.environ.get(ENV_READ_DATABASE_URL) or None
+
+
+def reading_store_of(args: argparse.Namespace) -> WorkflowStore:
+    """The store of a command that only reads: its reads go to the read replica when one
+    is named, and anything it writes to ``--database-url``."""
+    read_url = read_database_url(args)
+    if read_url is None:
+        return store_of(args)
+    require_existing_database(args.database_url)
+    require_existing_database(read_url)
+    return WorkflowStore(args.database_url, read_url=read_url)
 
 
 def print_json(document: Any) -> None:

@@ -13,6 +13,7 @@ from pikku_celery.cli.common import (
     add_json_option,
     env_help,
     print_json,
+    reading_store_of,
     store_of,
 )
 from pikku_celery.cli.options import int_between, json_value, listed
@@ -27,7 +28,7 @@ ENV_RUNS_STATUS: Final = "PIKKU_RUNS_STATUS"
 
 def cmd_runs_list(args: argparse.Namespace) -> int:
     statuses = listed(args.status, ENV_RUNS_STATUS)
-    store = store_of(args)
+    store = reading_store_of(args)
     try:
         runs = store.list_runs(workflow=args.workflow, status=statuses, limit=args.limit)
         total = store.count_runs(workflow=args.workflow, status=statuses)
@@ -53,7 +54,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_show(args: argparse.Namespace) -> int:
-    store = store_of(args)
+    store = reading_store_of(args)
     try:
         run = store.get_run(args.run_id)
         steps = store.list_step_states(args.run_id)

@@ -151,6 +151,8 @@ class Views:
             open_steps=store.count_open_steps(self.d.stale_after),
             stale_after=self.d.stale_after,
             lost=store.lost_steps_by_run(run.run_id for run in runs),
+            # Only a store that reads on a replica asks how far behind it is.
+            replica=store.replica_lag() if store.replica is not None else None,
         )
 
     def run_page(self, request: Request) -> Response:

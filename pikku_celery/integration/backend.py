@@ -51,6 +51,7 @@ from pikku_celery.integration.chords import (
 from pikku_celery.integration.generator_chords import LazyChords
 from pikku_celery.integration.installed import Installed, installed_on
 from pikku_celery.integration.result_sinks import Direct, Journaled, ResultSink
+from pikku_celery.integration.wakeups import configure_wakeups
 from pikku_celery.mirror import chord_applied, chord_extended, chord_sent, result_stored
 from pikku_celery.store import (
     DEFAULT_DATABASE_URL,
@@ -179,7 +180,9 @@ class PikkuBackend(BaseBackend):
             or os.environ.get(ENV_DATABASE_URL)
             or DEFAULT_DATABASE_URL
         )
-        return Direct(WorkflowStore(url), self.fire_chords)
+        store = WorkflowStore(url)
+        configure_wakeups(self.app.conf, store)
+        return Direct(store, self.fire_chords)
 
     def _check_same(self, store: WorkflowStore) -> None:
         mirrored = store.engine.url.render_as_string(hide_password=False)

@@ -12,6 +12,7 @@ from pikku_celery.store.common import ErrorLike, now
 from pikku_celery.store.engine import (
     DEFAULT_DATABASE_URL,
     ENV_DATABASE_URL,
+    ENV_READ_DATABASE_URL,
     database_key,
     require_existing_database,
     safe_url,
@@ -47,7 +48,8 @@ from pikku_celery.store.models import (
     run_kind,
 )
 from pikku_celery.store.prune import DEFAULT_PRUNE_STATUSES, PruneCount
-from pikku_celery.store.result_watch import ResultWatch
+from pikku_celery.store.replica import ReplicaLag
+from pikku_celery.store.result_watch import ResultWatch, Wakeups
 from pikku_celery.store.results import StoredResult
 from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts
 from pikku_celery.store.workflow_store import PUBLIC_METHODS, UNSET, WorkflowStore
@@ -58,6 +60,7 @@ __all__ = [
     "DEFAULT_DATABASE_URL",
     "DEFAULT_PRUNE_STATUSES",
     "ENV_DATABASE_URL",
+    "ENV_READ_DATABASE_URL",
     "LOST_ERROR_TYPE",
     "NEXT_ATTEMPT_GAP",
     "PUBLIC_METHODS",
@@ -79,6 +82,7 @@ __all__ = [
     "OpenAttempt",
     "OpenStepCounts",
     "PruneCount",
+    "ReplicaLag",
     "ResultWatch",
     "ResultWrite",
     "RunEvent",
@@ -89,6 +93,7 @@ __all__ = [
     "StepTransition",
     "StoredResult",
     "UnsentClaim",
+    "Wakeups",
     "WorkflowRun",
     "WorkflowStore",
     "WorkflowVersion",

@@ -60,6 +60,9 @@ class Dialect(ABC):
     notify_ready: ClassVar[sa.Executable | None]
     #: Sets one key of a run's state, whatever characters it holds.
     update_run_state: ClassVar[sa.Update]
+    #: Where a streaming replica's replay is (``sql.replica.lag``); None where a database
+    #: has no replicas.
+    replica_lag: ClassVar[sa.Executable | None]
 
     def __init__(self) -> None:
         insert = self.insert
@@ -120,6 +123,7 @@ class PostgreSQL(Dialect):
     clock = sa.extract("epoch", sa.func.clock_timestamp())
     notify_ready = sql.results.notify
     update_run_state = sql.runs.update_run_state_pg
+    replica_lag = sql.replica.lag
 
     @staticmethod
     def insert(table: sa.Table) -> Any:
@@ -154,6 +158,7 @@ class SQLite(Dialect):
     clock = sa.bindparam("now", type_=sa.Float())
     notify_ready = None
     update_run_state = sql.runs.update_run_state_sqlite
+    replica_lag = None
 
     def __init__(self) -> None:
         super().__init__()

@@ -28,6 +28,8 @@ __all__ = [
 
 DEFAULT_DATABASE_URL: Final = "sqlite:///pikku.db"
 ENV_DATABASE_URL: Final = "PIKKU_DATABASE_URL"
+# A streaming replica of that database, for the faces' reads (dashboard, CLI, metrics).
+ENV_READ_DATABASE_URL: Final = "PIKKU_READ_DATABASE_URL"
 
 # Drivers people write out of habit, mapped to the one pikku-celery ships with.
 _DRIVER_ALIASES: Final = {

@@ -16,6 +16,8 @@ between two reads of its results instead of sleeping blind:
 - **SQLite**: the watch asks ``PRAGMA data_version`` every few milliseconds on a
   connection of its own; it changes when another connection commits, and only
   then is the result read again.
+- **Other wake-ups** (:class:`Wakeups`, the broker's pub/sub for readers that cannot
+  LISTEN): told after each COMMIT that wrote ready results, in place of the NOTIFY.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
-from typing import Any, Final
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Protocol
 
 import sqlalchemy as sa
 
@@ -35,6 +37,7 @@ __all__ = [
     "CHANNEL",
     "PAYLOAD_LIMIT",
     "ResultWatch",
+    "Wakeups",
     "listen_for_results",
     "notify_payload",
     "watch_data_version",
@@ -81,6 +84,17 @@ class ResultWatch:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+class Wakeups(Protocol):
+    """Another way than the database's own that readers are told of results: announced
+    after each COMMIT that wrote ready results, watched by readers between two reads."""
+
+    def announce(self, task_ids: Sequence[str]) -> None:
+        """The results of ``task_ids`` are committed (raising is logged, nothing more)."""
+
+    def watch(self, task_ids: Iterable[str]) -> ResultWatch:
+        """What a reader of ``task_ids`` waits on."""
 
 
 class _Told(ResultWatch):

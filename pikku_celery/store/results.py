@@ -20,7 +20,7 @@ from pikku_celery.store import sql
 from pikku_celery.store.common import now
 from pikku_celery.store.connector import Connector
 from pikku_celery.store.mirror_batch import ChordWrite, FiredChord, ResultWrite
-from pikku_celery.store.result_watch import CHANNEL, ResultWatch, notify_payload
+from pikku_celery.store.result_watch import CHANNEL, ResultWatch, Wakeups, notify_payload
 
 __all__ = ["Results", "StoredResult"]
 
@@ -40,6 +40,12 @@ class Results:
 
     def __init__(self, db: Connector) -> None:
         self._db = db
+        self._wakeups: Wakeups | None = None
+
+    def use_wakeups(self, wakeups: Wakeups) -> None:
+        """Tell readers through ``wakeups`` from now on, instead of the database's NOTIFY
+        (every process that writes or waits for results must use the same)."""
+        self._wakeups = wakeups
 
     def write(
         self,
@@ -85,7 +91,7 @@ class Results:
                 return self._complete_chords(c, [h.group_id for h in chords], chords[0].at)
         c.execute(self._db.sql.write_result, params)
         notify = self._db.sql.notify_ready
-        if ready and notify is not None:
+        if ready and notify is not None and self._wakeups is None:
             # Delivered at COMMIT, to the readers waiting for these ids (result_watch).
             c.execute(notify, {"channel": CHANNEL, "payload": notify_payload(ready)})
         groups = set(h.group_id for h in chords)
@@ -109,6 +115,8 @@ class Results:
         A failure here is logged and leaves the chord to the reaper's pass: the batch is
         committed, and what it claimed must still be sent."""
         groups, ids = sorted(set(group_ids)), sorted(set(task_ids))
+        if ids and self._wakeups is not None:
+            self._announce(ids)
         if self._db.sql.one_writer or not (groups or ids):
             return []
         try:
@@ -130,6 +138,21 @@ class Results:
                 extra={"action": "chord_settle_failed"},
             )
             return []
+
+    def _announce(self, task_ids: Sequence[str]) -> None:
+        assert self._wakeups is not None
+        try:
+            self._wakeups.announce(task_ids)
+        except Exception as exc:
+            # The results are committed: a reader that was not told still looks at least
+            # every second (its watch says it cannot push while the way is down).
+            logger.warning(
+                "pikku-celery could not tell waiting readers of %d results (%s); they "
+                "find them at their next look",
+                len(task_ids),
+                exc,
+                extra={"action": "result_wakeup_failed"},
+            )
 
     def _complete_chords(
         self, c: sa.Connection, groups: Sequence[str], at: dt.datetime
@@ -216,6 +239,8 @@ class Results:
 
     def watch(self, task_ids: Iterable[str]) -> ResultWatch:
         """What a reader waits on between two reads of ``task_ids``' results."""
+        if self._wakeups is not None:
+            return self._wakeups.watch(task_ids)
         return self._db.sql.watch_results(self._db.engine, task_ids)
 
     def get(self, task_id: str, *, conn: sa.Connection | None = None) -> StoredResult | None:

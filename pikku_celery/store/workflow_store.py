@@ -7,6 +7,10 @@ them; what only the mirror, the workflow engine or the reaper write is reached
 through the operation itself (``store.batches``, ``store.attempts``,
 ``store.claims``, ``store.workflows``, ``store.leases``, ``store.reaping``).
 Knows nothing of Celery.
+
+A face may read on a streaming replica (``read_url``): its read methods then go
+there, on operations of a second connector; every write, and every operation
+reached by attribute, stays on the primary.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from pikku_celery.errors import RunNotFound, RunNotOnReplicaYet
 from pikku_celery.schema import migrate
 from pikku_celery.store.attempts import Attempts
 from pikku_celery.store.batches import Batches
@@ -36,6 +41,7 @@ from pikku_celery.store.models import (
 )
 from pikku_celery.store.prune import DEFAULT_PRUNE_STATUSES, PruneCount, Pruning
 from pikku_celery.store.reap import Reaping
+from pikku_celery.store.replica import ReplicaLag, Replication
 from pikku_celery.store.results import Results
 from pikku_celery.store.runs import Runs
 from pikku_celery.store.stats import AttemptCount, AttemptTotals, OpenStepCounts, Stats
@@ -45,12 +51,37 @@ from pikku_celery.store.workflows import Workflows
 __all__ = ["PUBLIC_METHODS", "UNSET", "WorkflowStore"]
 
 
+class _Reads:
+    """The operations the face's read methods use, on one connector: the primary's, or
+    a read replica's."""
+
+    def __init__(self, db: Connector) -> None:
+        self.db = db
+        attempts = Attempts(db)
+        claims = Claims(db, attempts)
+        self.runs = Runs(db)
+        self.versions = Versions(db)
+        self.claims = claims
+        self.workflows = Workflows(db, attempts, claims)
+        self.stats = Stats(db)
+        self.pruning = Pruning(db)
+        self.results = Results(db)
+        self.replication = Replication(db)
+
+
 class WorkflowStore:
     """Reads and writes workflow runs, steps and attempts in one SQL database.
 
     ``WorkflowStore("postgresql://...")``, ``WorkflowStore("sqlite:///pikku.db")``
     or ``WorkflowStore(engine)``. Call :meth:`init` (or ``pikku-celery db
     upgrade``) once to bring the schema up to date.
+
+    ``read_url`` (a URL or an engine) names a streaming replica of that database: the
+    read methods below (and ``schema_revision``) read there, and so see what it has
+    replayed; writes, ``transaction`` and the operations reached by attribute
+    (``store.runs``, ``store.batches``, ...) always use the primary. ``get_run`` of a run
+    the replica lacks while it is behind raises ``RunNotOnReplicaYet`` (a
+    ``RunNotFound``) saying how far behind; ``replica_lag`` says it too.
 
     Its methods (``PUBLIC_METHODS``): the lifecycle (``init``, ``schema_revision``,
     ``latest_schema_revision``, ``close``, ``dispose_after_fork``, ``transaction``);
@@ -59,8 +90,9 @@ class WorkflowStore:
     ``get_step_state``, ``list_step_states``, ``get_run_history``, ``list_events``,
     ``result_states``, ``get_workflow_version``); counts (``run_counts``, ``attempt_counts``,
     ``attempt_totals``, ``count_runs``, ``search_runs``, ``workflow_names``,
-    ``count_open_steps``, ``lost_steps_by_run``, ``oldest_running_attempt_age``);
-    pruning (``count_prunable``, ``count_prunable_runs``, ``prune_batch``, ``prune``).
+    ``count_open_steps``, ``lost_steps_by_run``, ``oldest_running_attempt_age``,
+    ``replica_lag``); pruning (``count_prunable``, ``count_prunable_runs``, ``prune_batch``,
+    ``prune``).
     """
 
     def __init__(
@@ -68,8 +100,14 @@ class WorkflowStore:
         url_or_engine: str | sa.URL | sa.Engine | None = None,
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        read_url: str | sa.URL | sa.Engine | None = None,
     ) -> None:
         self.db = Connector(url_or_engine, max_payload_bytes=max_payload_bytes)
+        #: The read replica's connector; None when the face reads the primary.
+        self.replica: Connector | None = (
+            None if read_url is None else Connector(read_url, max_payload_bytes=max_payload_bytes)
+        )
+        self._reads = _Reads(self.replica or self.db)
         self.engine = self.db.engine
         self.dialect = self.db.sql.name
         self.codec = self.db.codec
@@ -86,7 +124,10 @@ class WorkflowStore:
         self.batches = Batches(self.db, self.results)
 
     def __repr__(self) -> str:
-        return f"WorkflowStore({safe_url(self.engine.url)!r})"
+        if self.replica is None:
+            return f"WorkflowStore({safe_url(self.engine.url)!r})"
+        reads = safe_url(self.replica.engine.url)
+        return f"WorkflowStore({safe_url(self.engine.url)!r}, read_url={reads!r})"
 
     # --- lifecycle ---
 
@@ -95,8 +136,9 @@ class WorkflowStore:
         self.db.upgrade()
 
     def schema_revision(self) -> str | None:
-        """The schema revision the database is at (None: pikku-celery never ran there)."""
-        return self.db.schema_revision()
+        """The schema revision the database is at (None: pikku-celery never ran there); of
+        the read replica when there is one, the database the reads see."""
+        return self._reads.db.schema_revision()
 
     @staticmethod
     def latest_schema_revision() -> str:
@@ -105,10 +147,14 @@ class WorkflowStore:
     def close(self) -> None:
         """Release the store's connections (an engine passed in is left to its owner)."""
         self.db.close()
+        if self.replica is not None:
+            self.replica.close()
 
     def dispose_after_fork(self) -> None:
         """Forget connections inherited from a parent process without closing them."""
         self.db.dispose_after_fork()
+        if self.replica is not None:
+            self.replica.dispose_after_fork()
 
     @contextmanager
     def transaction(self) -> Iterator[sa.Connection]:
@@ -150,7 +196,11 @@ class WorkflowStore:
         )
 
     def get_run(self, run_id: str, *, conn: sa.Connection | None = None) -> WorkflowRun:
-        return self.runs.get_run(run_id, conn=conn)
+        try:
+            return self._reads.runs.get_run(run_id, conn=conn)
+        except RunNotFound:
+            self._not_replayed_yet(run_id, conn)
+            raise
 
     def list_runs(
         self,
@@ -162,7 +212,7 @@ class WorkflowStore:
         conn: sa.Connection | None = None,
     ) -> list[WorkflowRun]:
         """Runs, newest first; page with ``limit`` and ``offset``."""
-        return self.runs.list_runs(
+        return self._reads.runs.list_runs(
             workflow=workflow, status=status, limit=limit, offset=offset, conn=conn
         )
 
@@ -177,35 +227,35 @@ class WorkflowStore:
         return self.runs.update_run_state(run_id, key, value, conn=conn)
 
     def get_run_state(self, run_id: str, *, conn: sa.Connection | None = None) -> dict[str, Any]:
-        return self.runs.get_run_state(run_id, conn=conn)
+        return self._reads.runs.get_run_state(run_id, conn=conn)
 
     def get_step_state(
         self, run_id: str, step_name: str, *, conn: sa.Connection | None = None
     ) -> StepState:
         """The step's row: one query, never the history table."""
-        return self.runs.get_step_state(run_id, step_name, conn=conn)
+        return self._reads.runs.get_step_state(run_id, step_name, conn=conn)
 
     def list_step_states(
         self, run_id: str, *, conn: sa.Connection | None = None
     ) -> list[StepState]:
         """Every step of a run, in creation order, in one query ([] for an unknown run)."""
-        return self.runs.list_step_states(run_id, conn=conn)
+        return self._reads.runs.list_step_states(run_id, conn=conn)
 
     def get_run_history(
         self, run_id: str, *, conn: sa.Connection | None = None
     ) -> list[StepAttempt]:
         """Every attempt of every step of the run: steps in creation order, attempts by number."""
-        return self.runs.get_run_history(run_id, conn=conn)
+        return self._reads.runs.get_run_history(run_id, conn=conn)
 
     # --- claims ---
     def get_step(self, step_id: str, *, conn: sa.Connection | None = None) -> StepState:
         """A step by its id (for a Celery step, its task id): one query."""
-        return self.claims.get_step(step_id, conn=conn)
+        return self._reads.claims.get_step(step_id, conn=conn)
 
     # --- workflows ---
     def list_events(self, run_id: str, *, conn: sa.Connection | None = None) -> list[RunEvent]:
         """Every event sent to the run, oldest first, taken or not."""
-        return self.workflows.list_events(run_id, conn=conn)
+        return self._reads.workflows.list_events(run_id, conn=conn)
 
     def result_states(
         self, task_ids: Iterable[str], *, conn: sa.Connection | None = None
@@ -213,26 +263,26 @@ class WorkflowStore:
         """Celery's state of each task that has a result (``backend="pikku://"``), by id."""
         return {
             task_id: stored.status
-            for task_id, stored in self.results.get_many(task_ids, conn=conn).items()
+            for task_id, stored in self._reads.results.get_many(task_ids, conn=conn).items()
         }
 
     # --- versions ---
     def get_workflow_version(
         self, workflow_name: str, graph_hash: str, *, conn: sa.Connection | None = None
     ) -> WorkflowVersion | None:
-        return self.versions.get_workflow_version(workflow_name, graph_hash, conn=conn)
+        return self._reads.versions.get_workflow_version(workflow_name, graph_hash, conn=conn)
 
     # --- stats ---
     def run_counts(self, *, conn: sa.Connection | None = None) -> dict[str, int]:
         """How many runs are in each status; a status with no run is absent."""
-        return self.stats.run_counts(conn=conn)
+        return self._reads.stats.run_counts(conn=conn)
 
     def attempt_counts(self, *, conn: sa.Connection | None = None) -> list[AttemptCount]:
         """Attempts by task and status, sorted by task then status."""
-        return self.stats.attempt_counts(conn=conn)
+        return self._reads.stats.attempt_counts(conn=conn)
 
     def attempt_totals(self, *, conn: sa.Connection | None = None) -> AttemptTotals:
-        return self.stats.attempt_totals(conn=conn)
+        return self._reads.stats.attempt_totals(conn=conn)
 
     def count_runs(
         self,
@@ -243,7 +293,7 @@ class WorkflowStore:
         conn: sa.Connection | None = None,
     ) -> int:
         """How many runs ``list_runs`` (or ``search_runs``) with these filters pages through."""
-        return self.stats.count_runs(
+        return self._reads.stats.count_runs(
             workflow=workflow, status=status, run_id_prefix=run_id_prefix, conn=conn
         )
 
@@ -258,13 +308,13 @@ class WorkflowStore:
         conn: sa.Connection | None = None,
     ) -> list[WorkflowRun]:
         """Runs whose id starts with ``run_id_prefix``, newest first, like ``list_runs``."""
-        return self.stats.search_runs(
+        return self._reads.stats.search_runs(
             run_id_prefix, workflow=workflow, status=status, limit=limit, offset=offset, conn=conn
         )
 
     def workflow_names(self, *, conn: sa.Connection | None = None) -> list[str]:
         """Every workflow name that has a run, sorted."""
-        return self.stats.workflow_names(conn=conn)
+        return self._reads.stats.workflow_names(conn=conn)
 
     def count_open_steps(
         self,
@@ -274,19 +324,33 @@ class WorkflowStore:
         conn: sa.Connection | None = None,
     ) -> OpenStepCounts:
         """How many steps are lost, running, and scheduled untouched for ``stale_after`` s."""
-        return self.stats.count_open_steps(stale_after, at=at, conn=conn)
+        return self._reads.stats.count_open_steps(stale_after, at=at, conn=conn)
 
     def lost_steps_by_run(
         self, run_ids: Iterable[str], *, conn: sa.Connection | None = None
     ) -> dict[str, int]:
         """How many ``lost`` steps each of these runs has; a run with none is absent."""
-        return self.stats.lost_steps_by_run(run_ids, conn=conn)
+        return self._reads.stats.lost_steps_by_run(run_ids, conn=conn)
 
     def oldest_running_attempt_age(
         self, *, at: dt.datetime | None = None, conn: sa.Connection | None = None
     ) -> float | None:
         """Seconds since the oldest attempt still running started (None: nothing runs)."""
-        return self.stats.oldest_running_attempt_age(at=at, conn=conn)
+        return self._reads.stats.oldest_running_attempt_age(at=at, conn=conn)
+
+    # --- the read replica ---
+    def replica_lag(self, *, conn: sa.Connection | None = None) -> ReplicaLag | None:
+        """How far behind its primary the database the reads go to is; None when it is not
+        a replica (no ``read_url``, or one that names a primary)."""
+        return self._reads.replication.lag(conn=conn)
+
+    def _not_replayed_yet(self, run_id: str, conn: sa.Connection | None) -> None:
+        """Raises ``RunNotOnReplicaYet`` when a run was read on a replica that is behind."""
+        if self.replica is None or conn is not None:
+            return
+        lag = self.replica_lag()
+        if lag is not None and not lag.caught_up:
+            raise RunNotOnReplicaYet(run_id, safe_url(self.replica.engine.url), lag.describe())
 
     # --- pruning (see ``prune.Pruning``) ---
     def count_prunable(
@@ -297,7 +361,7 @@ class WorkflowStore:
         conn: sa.Connection | None = None,
     ) -> PruneCount:
         """How many runs (steps, attempts) in ``statuses`` were created before ``before``."""
-        return self.pruning.count_prunable(before, statuses, conn=conn)
+        return self._reads.pruning.count_prunable(before, statuses, conn=conn)
 
     def count_prunable_runs(
         self,
@@ -307,7 +371,7 @@ class WorkflowStore:
         conn: sa.Connection | None = None,
     ) -> int:
         """How many runs ``count_prunable`` would count, without reading their steps."""
-        return self.pruning.count_prunable_runs(before, statuses, conn=conn)
+        return self._reads.pruning.count_prunable_runs(before, statuses, conn=conn)
 
     def prune_batch(
         self,
@@ -362,6 +426,7 @@ PUBLIC_METHODS: tuple[str, ...] = (
     "count_open_steps",
     "lost_steps_by_run",
     "oldest_running_attempt_age",
+    "replica_lag",
     "count_prunable",
     "count_prunable_runs",
     "prune_batch",

@@ -107,6 +107,7 @@ def test_the_store_face_offers_what_users_read_and_nothing_the_mirror_writes() -
             "count_open_steps",
             "lost_steps_by_run",
             "oldest_running_attempt_age",
+            "replica_lag",
             "count_prunable",
             "count_prunable_runs",
             "prune_batch",
