@@ -1,0 +1,380 @@
+"""The node bench's runs: a full queue drained by a worker on one CPU, and ``.delay()`` loops.
+
+A drain flushes Redis, empties its database, queues the run's tasks with no
+worker running (``bench.node.publisher fill``), then starts
+``celery worker -P prefork -c 2`` on ``WORKER_CPU`` and times from the run's
+first task until the last is done: for plain Celery and Celery's result
+backends, the worker's count of finished tasks; for the mirror, the first
+poll at which SQL shows every step succeeded. A ``.delay()`` run times one
+publisher process (``bench.node.publisher delay``) on ``WORKER_CPU``, away
+from the servers. Every run's environment is built afresh, so none carries
+another's signal handlers or journal folder.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import sqlalchemy as sa
+
+from bench.harness.broker import flush, redis_client
+from bench.harness.cpu import cpu_delta, cpu_snapshot
+from bench.harness.postgres import BenchDatabases
+from bench.harness.report import say
+from bench.harness.turns import alternated
+from bench.harness.workers import clean_env, mirror_failures, run_module, running_worker
+from bench.node.cpus import WORKER_CPU, this_thread_on, tree_cpus
+from bench.node.first import FirstTask
+from bench.node.threads import SIDE_THREADS, side_threads_cpu
+from bench.throughput.app import (
+    ATTEMPTS,
+    BROKER_ENV,
+    DATABASE_ENV,
+    LOCAL_ENV,
+    SCENARIO_ENV,
+    STATS_ENV,
+    VARIANT_LABELS,
+    VARIANTS,
+)
+from bench.throughput.pools import POOLS
+from bench.throughput.publisher import MIN_TASKS_PER_SECOND, wait_done, wait_settled
+from bench.throughput.runs import Delivery, check_mirror, clear_mirror, load_delivery, run_key_sql
+
+MODES: Final = ("plain", "mirror", "redis", "db")
+MODE_LABELS: Final = {
+    "plain": "plain Celery",
+    "mirror": "mirror, PostgreSQL",
+    "redis": "Redis result backend",
+    "db": "db+ result backend",
+}
+#: The Celery bench's scenario (``bench.throughput.app``) each mode runs.
+SCENARIO_OF: Final = {
+    "plain": "plain",
+    "mirror": "pikku",
+    "redis": "redisbackend",
+    "db": "dbbackend",
+}
+DELAY_MODES: Final = ("plain", "mirror")
+NODE_MIRROR_DATABASE: Final = "pikku_bench_node_mirror"
+NODE_RESULTS_DATABASE: Final = "pikku_bench_node_results"
+DATABASES: Final = (NODE_MIRROR_DATABASE, NODE_RESULTS_DATABASE)
+DATABASE_OF: Final = {"mirror": NODE_MIRROR_DATABASE, "db": NODE_RESULTS_DATABASE}
+POOL: Final = POOLS["prefork"]
+#: The drain's own work: what the worker and the servers spent, not the bench's waiting.
+DRAIN_PARTS: Final = ("worker main", "worker children", "postgres", "redis")
+
+
+@dataclass(frozen=True)
+class Settings:
+    tasks: int
+    calls: int
+    rounds: int
+    modes: tuple[str, ...]
+    sections: tuple[str, ...]
+    pg_url: str
+    redis_url: str
+
+
+@dataclass(frozen=True)
+class DrainRun:
+    mode: str
+    variant: str
+    tasks: int
+    #: From the worker's launch to the run's first task.
+    startup: float
+    #: From the first task to the last done (the mirror: to SQL showing every step).
+    drain: float
+    #: From the first task to the worker counting its last.
+    worker_drain: float
+    #: The publisher's filling of the queue: ``publish``, ``written``, ``cpu`` seconds.
+    fill: Mapping[str, float]
+    #: CPU seconds by part over the drain.
+    cpu: Mapping[str, float]
+    delivery: Delivery | None = None
+    check: str | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.tasks / self.drain
+
+    @property
+    def rate_from_start(self) -> float:
+        return self.tasks / (self.startup + self.drain)
+
+    def ms(self, part: str) -> float:
+        return self.cpu.get(part, 0.0) * 1000 / self.tasks
+
+    @property
+    def cpu_ms(self) -> float:
+        return sum(self.ms(part) for part in DRAIN_PARTS)
+
+    @property
+    def fill_ms(self) -> float:
+        return self.fill["cpu"] * 1000 / self.tasks
+
+
+@dataclass(frozen=True)
+class DelayRun:
+    mode: str
+    calls: int
+    #: The ``.delay()`` loop alone.
+    loop: float
+    loop_cpu: float
+    #: The part of ``loop_cpu`` spent by threads but the calling one (the mirror's flusher).
+    loop_threads: float
+    #: From the loop's start until the mirror had written every call (plain: the loop).
+    written: float
+    #: CPU seconds by part from the loop's start until written.
+    cpu: Mapping[str, float]
+    check: str | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.calls / self.loop
+
+    def us(self, part: str) -> float:
+        return self.cpu.get(part, 0.0) * 1e6 / self.calls
+
+    @property
+    def loop_us(self) -> float:
+        return self.loop_cpu * 1e6 / self.calls
+
+    @property
+    def loop_threads_us(self) -> float:
+        return self.loop_threads * 1e6 / self.calls
+
+
+def check_published(url: str, run: str, calls: int) -> tuple[bool, str]:
+    """What the mirror recorded of a run's published, never executed tasks: a step and a
+    run each, every step scheduled (its message is out, no worker took it)."""
+    engine = sa.create_engine(url)
+    dialect = engine.dialect.name
+    try:
+        with engine.connect() as conn:
+            statuses = Counter(
+                {
+                    str(status): int(count)
+                    for status, count in conn.execute(
+                        sa.text(
+                            "SELECT status, count(*) FROM workflow_step "
+                            f"WHERE {run_key_sql('data', dialect)} = :run GROUP BY status"
+                        ),
+                        {"run": run},
+                    ).all()
+                }
+            )
+            runs = int(
+                conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM workflow_runs "
+                        f"WHERE {run_key_sql('input', dialect)} = :run"
+                    ),
+                    {"run": run},
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+    ok = statuses == Counter({"scheduled": calls}) and runs == calls
+    by_status = ", ".join(f"{count} {status}" for status, count in sorted(statuses.items()))
+    return (
+        ok,
+        f"{calls} calls: {by_status or 'no steps'}, {runs} runs: {'ok' if ok else 'MISMATCH'}",
+    )
+
+
+def _report(output: str) -> dict[str, Any]:
+    report: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
+    return report
+
+
+@contextmanager
+def pinned_worker(
+    env: Mapping[str, str], name: str, log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A ``celery worker -P prefork -c 2`` of ``bench.node.app`` on ``WORKER_CPU`` alone.
+
+    The worker inherits the CPU of the thread that starts it; this thread is on
+    ``WORKER_CPU`` only while it does (and waits for the worker's answer to a
+    ping), and back on its own CPU for the rest.
+    """
+    with ExitStack() as stack:
+        with this_thread_on({WORKER_CPU}):
+            worker = stack.enter_context(
+                running_worker("bench.node.app", name, POOL, env, env[BROKER_ENV], log)
+            )
+        yield worker
+
+
+@dataclass
+class NodeBench:
+    settings: Settings
+    databases: BenchDatabases
+    tmp: Path
+    problems: list[str] = field(default_factory=list)
+    count: int = 0
+
+    def env(self, mode: str, database_url: str | None, stats_dir: Path) -> dict[str, str]:
+        # A journal folder per run: a run's worker must not find another run's journals.
+        local = str(self.tmp / f"local-{self.count}")
+        settings = {
+            SCENARIO_ENV: SCENARIO_OF[mode],
+            BROKER_ENV: self.settings.redis_url,
+            STATS_ENV: str(stats_dir),
+            LOCAL_ENV: local,
+            "PIKKU_SPOOL_DIR": local,
+            "PIKKU_JOURNAL_DIR": local,
+        }
+        if database_url is not None:
+            settings[DATABASE_ENV] = database_url
+        return clean_env(settings)
+
+    def database_url(self, mode: str) -> str | None:
+        name = DATABASE_OF.get(mode)
+        if name is None:
+            return None
+        url = self.databases.url(name)
+        if mode == "mirror":
+            clear_mirror(url)
+        return url
+
+    def _check_pinned(self, run: str, worker_pid: int) -> None:
+        stray = {pid: cpus for pid, cpus in tree_cpus(worker_pid).items() if cpus != {WORKER_CPU}}
+        if stray:
+            self.problems.append(f"{run}: worker processes not on CPU {WORKER_CPU} only: {stray}")
+
+    def _settled(self, url: str, run: str, tasks: int) -> float:
+        engine = sa.create_engine(url, pool_size=1)
+        try:
+            return wait_settled(engine, run, tasks)
+        finally:
+            engine.dispose()
+
+    def drain(self, mode: str, variant: str, progress: str) -> DrainRun:
+        self.count += 1
+        flush(self.settings.redis_url)
+        url = self.database_url(mode)
+        stats_dir = self.tmp / f"stats-{self.count}"
+        env = self.env(mode, url, stats_dir)
+        run = f"node:{mode}:{variant}:{self.count}"
+        tasks = self.settings.tasks
+        fill = _report(
+            run_module(
+                "bench.node.publisher",
+                ["fill", "--variant", variant, "--tasks", str(tasks), "--run", run],
+                env,
+            )
+        )
+        client = redis_client(self.settings.redis_url)
+        timeout = 60 + tasks * ATTEMPTS[variant] / MIN_TASKS_PER_SECOND
+        log = self.tmp / f"worker-{self.count}-{mode}-{variant}.log"
+        first = FirstTask(client, run, DATABASES)
+        first.start()
+        launched = time.time()
+        try:
+            with pinned_worker(env, f"node-{mode}", log) as worker:
+                self._check_pinned(run, worker.pid)
+                start = first.wait(timeout)
+                worker_done = wait_done(client, run, tasks, timeout)
+                finished = worker_done
+                if mode == "mirror" and url is not None:
+                    finished = max(worker_done, self._settled(url, run, tasks))
+                after = cpu_snapshot(worker.pid, DATABASES)
+                after[SIDE_THREADS] = side_threads_cpu(worker.pid)
+        finally:
+            first.stop()
+        check = None
+        if mode == "mirror" and url is not None:
+            mirror_check = check_mirror(url, run, tasks, variant)
+            check = mirror_check.describe()
+            if not mirror_check.ok:
+                self.problems.append(f"{run}: {check}")
+        failures = mirror_failures(log)
+        if failures:
+            self.problems.append(
+                f"{run}: the worker logged {len(failures)} mirror failures, "
+                f"the first: {failures[0]}"
+            )
+        result = DrainRun(
+            mode,
+            variant,
+            tasks,
+            startup=start.time - launched,
+            drain=finished - start.time,
+            worker_drain=worker_done - start.time,
+            fill=fill,
+            cpu=cpu_delta(start.cpu, after),
+            delivery=load_delivery(stats_dir) if mode == "mirror" else None,
+            check=check,
+        )
+        line = (
+            f"[{progress}] drain  {MODE_LABELS[mode]:<21} {VARIANT_LABELS[variant]:<10} "
+            f"{result.rate:7.1f} tasks/s ({result.rate_from_start:.1f} from the worker's start, "
+            f"start-up {result.startup:.2f} s), {result.cpu_ms:.2f} CPU ms/task"
+        )
+        say(line + (f"  mirror: {check}" if check else ""))
+        return result
+
+    def delay(self, mode: str, progress: str) -> DelayRun:
+        self.count += 1
+        flush(self.settings.redis_url)
+        url = self.database_url(mode)
+        env = self.env(mode, url, self.tmp / f"stats-{self.count}")
+        run = f"node:delay:{mode}:{self.count}"
+        calls = self.settings.calls
+        args = ["delay", "--calls", str(calls), "--run", run]
+        for name in DATABASES:
+            args += ["--database", name]
+        with this_thread_on({WORKER_CPU}):
+            report = _report(run_module("bench.node.publisher", args, env))
+        check = None
+        if mode == "mirror" and url is not None:
+            ok, check = check_published(url, run, calls)
+            if not ok:
+                self.problems.append(f"{run}: {check}")
+        result = DelayRun(
+            mode,
+            calls,
+            loop=report["loop"],
+            loop_cpu=report["loop_cpu"],
+            loop_threads=report["loop_threads"],
+            written=report["written"],
+            cpu=report["cpu"],
+            check=check,
+        )
+        line = (
+            f"[{progress}] delay  {MODE_LABELS[mode]:<21} {result.rate:9.0f} calls/s, "
+            f"{result.loop_us:.1f} µs CPU per call in the loop, "
+            f"{result.us('this process'):.1f} until written"
+        )
+        say(line + (f"  mirror: {check}" if check else ""))
+        return result
+
+
+def measure(bench: NodeBench) -> tuple[list[DrainRun], list[DelayRun]]:
+    """Every run, round by round; the order of the modes is reversed every other round."""
+    settings = bench.settings
+    drains: list[tuple[str, str]] = []
+    if "drain" in settings.sections:
+        drains = [(mode, variant) for variant in VARIANTS for mode in settings.modes]
+    delays: list[str] = []
+    if "delay" in settings.sections:
+        delays = [mode for mode in DELAY_MODES if mode in settings.modes]
+    drain_runs: list[DrainRun] = []
+    delay_runs: list[DelayRun] = []
+    total = (len(drains) + len(delays)) * settings.rounds
+    for round_no in range(settings.rounds):
+        for mode, variant in alternated(drains, round_no):
+            done = len(drain_runs) + len(delay_runs) + 1
+            drain_runs.append(bench.drain(mode, variant, f"{done}/{total} round {round_no + 1}"))
+        for mode in alternated(delays, round_no):
+            done = len(drain_runs) + len(delay_runs) + 1
+            delay_runs.append(bench.delay(mode, f"{done}/{total} round {round_no + 1}"))
+    return drain_runs, delay_runs

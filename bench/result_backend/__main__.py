@@ -1,0 +1,147 @@
+"""pikku's result backend (``backend="pikku://"``) against Celery's own and django-celery-results.
+
+Run from the project root::
+
+    python -m bench.result_backend            # best of 2 rounds
+    python -m bench.result_backend --quick    # one round, smaller counts
+
+Backends, each with ``task_track_started`` and ``result_extended``, on a real
+``celery worker -P prefork -c 2`` with a Redis broker (``bench.result_backend.app``):
+Celery's Redis backend, Celery's SQLAlchemy backend (``db+postgresql://``),
+pikku (``@pikku.step`` tasks, so each is a mirrored step too) and
+django-celery-results (``django-db``, Django configured in code). Measures,
+the backends taking turns in an order that changes each round:
+
+1. drain: N no-op tasks published one ``apply_async`` each by the client
+   process, until the backend says every result is ready (for pikku also
+   until SQL shows every step succeeded); tasks/s and CPU ms per task by
+   process from ``/proc``;
+2. ``get()`` latency: ``add.delay(i, i).get()`` K times in a row on an idle
+   worker; p50, p90, p99;
+3. a chord of ``add`` headers and a ``total`` body, ``apply_async()`` to the
+   body's value (Celery's SQLAlchemy backend has no native chords: its body
+   waits on ``celery.chord_unlock``, a task retried every second);
+4. expiry: ``backend.cleanup()`` (what ``celery.backend_cleanup`` calls)
+   removing expired results loaded straight into the backend's table.
+
+The bench creates and drops its own databases on the PostgreSQL server and
+flushes its Redis database before each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.harness.broker import DEFAULT_REDIS_URL, REDIS_URL_ENV, flush
+from bench.harness.postgres import DEFAULT_PG_URL, PG_URL_ENV, BenchDatabases
+from bench.harness.report import say
+from bench.result_backend.app import BACKENDS, BY_KEY, DATABASES
+from bench.result_backend.report import (
+    report_chord,
+    report_drain,
+    report_expiry,
+    report_latency,
+    report_ratios,
+)
+from bench.result_backend.runs import Bench, Settings, measure
+
+FULL = {"drain": 2000, "latency": 200, "chord": 1000, "expiry": 100_000}
+QUICK = {"drain": 300, "latency": 50, "chord": 200, "expiry": 20_000}
+EXPIRY_BACKENDS = ("db", "pikku", "dcr")
+
+
+def parse_backends(text: str) -> tuple[str, ...]:
+    keys = tuple(dict.fromkeys(key.strip() for key in text.split(",") if key.strip()))
+    unknown = [key for key in keys if key not in BY_KEY]
+    if unknown or not keys:
+        raise argparse.ArgumentTypeError(f"backends are some of {', '.join(BY_KEY)}")
+    return keys
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.result_backend",
+        description="pikku's result backend against Redis, db+ and django-celery-results: "
+        "drain throughput, get() latency, a large chord, expiry.",
+    )
+    parser.add_argument("--rounds", type=int, help="rounds; the best is kept (default 2, quick 1)")
+    parser.add_argument(
+        "--backends",
+        type=parse_backends,
+        default=tuple(BY_KEY),
+        help=f"some of {','.join(BY_KEY)} (default all)",
+    )
+    parser.add_argument(
+        "--pikku-flush-interval",
+        type=float,
+        help="the mirror's flush interval in seconds for the pikku runs (default pikku's own): "
+        "how much of get()'s latency is the wait for the worker's next flush",
+    )
+    parser.add_argument("--skip-expiry", action="store_true", help="no cleanup() timing")
+    parser.add_argument(
+        "--pg-url",
+        default=DEFAULT_PG_URL,
+        help=f"an existing PostgreSQL database to connect to (default ${PG_URL_ENV}, "
+        f"else {DEFAULT_PG_URL}); the bench creates and drops {', '.join(DATABASES)} "
+        "on its server",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=DEFAULT_REDIS_URL,
+        help=f"the broker and Redis result backend (default ${REDIS_URL_ENV}, "
+        f"else {DEFAULT_REDIS_URL}); this database is flushed",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"one round of {QUICK['drain']} tasks, {QUICK['latency']} gets, "
+        f"{QUICK['chord']} header tasks, {QUICK['expiry']:,} expired rows",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    backends = tuple(b for b in BACKENDS if b.key in args.backends)
+    expiry = () if args.skip_expiry else tuple(b for b in backends if b.key in EXPIRY_BACKENDS)
+    settings = Settings(
+        rounds=args.rounds or (1 if args.quick else 2),
+        counts=dict(QUICK if args.quick else FULL),
+        backends=backends,
+        expiry=expiry,
+        pg_url=args.pg_url,
+        redis_url=args.redis_url,
+        flush_interval=args.pikku_flush_interval,
+    )
+    if settings.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
+    started = time.perf_counter()
+    databases = BenchDatabases(settings.pg_url, DATABASES)
+    tmp = Path(tempfile.mkdtemp(prefix="result-bench-"))
+    bench = Bench(settings, databases, tmp)
+    try:
+        runs = measure(bench)
+        report_drain(runs, settings)
+        report_latency(runs, settings)
+        report_chord(runs, settings)
+        report_expiry(runs, settings)
+        report_ratios(runs, settings)
+    finally:
+        flush(settings.redis_url)
+        databases.drop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    say()
+    for problem in bench.problems:
+        say(f"PROBLEM: {problem}")
+    say(f"done in {time.perf_counter() - started:.0f} s")
+    return 1 if bench.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

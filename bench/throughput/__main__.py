@@ -1,0 +1,143 @@
+"""Celery tasks per second with and without the pikku mirror, on real workers.
+
+Run from the project root::
+
+    python -m bench.throughput            # 2,000 tasks per run, best of 2, three pools
+    python -m bench.throughput --quick    # 200 tasks, one round, prefork only
+
+Every run starts its own ``celery worker`` on Redis (``-P prefork -c 2`` unless
+said otherwise; the app is ``bench.throughput.app``) and a separate publisher
+process (``bench.throughput.publisher``), both built from the scenario's
+environment, so no run carries another's signal handlers:
+
+* (a) ``plain``: plain Celery tasks, no result backend, no task events;
+* (a+e) ``plain_events``: (a) with ``worker_send_task_events`` and
+  ``task_send_sent_event`` on;
+* (b) ``dbbackend``: Celery's SQLAlchemy result backend on PostgreSQL
+  (``task_track_started``, ``result_extended``);
+* (c) ``pikku``: ``@pikku.step`` tasks mirrored into PostgreSQL, task events off;
+* (c+e) ``pikku_events``: (c) with the two task-event settings on;
+* (d) ``redisbackend``: Celery's Redis result backend (``task_track_started``,
+  ``result_extended``);
+* (s) ``pikku_sqlite``: the mirror's embedded default, a SQLite file.
+
+Each with no-op tasks and with tasks that retry once; the threads and solo
+pools run (a), (b) and (c) with no-op tasks. A task of (a), (b) or (d) counts as
+done in ``task_postrun`` of its successful execution. A mirrored run counts as
+done only when SQL shows every step ``succeeded``: once the worker has counted
+its last task the publisher polls the mirror database, and the run ends at the
+first poll that sees them all. Both processes warm up with a few tasks first.
+
+For every run the bench reports CPU milliseconds per task by process
+(publisher, worker main process, pool children, PostgreSQL, Redis), read from
+``/proc``; for PostgreSQL scenarios the SQL commits per task (``xact_commit`` of
+the scenario's database across the worker's life); and for mirrored runs what
+the mirror says of its own delivery (``mirror.stats()``): events
+appended and written, batches committed, and the lag from each event to the
+commit of its batch, merged over the publisher and every worker process.
+
+The bench creates and drops its own databases (``pikku_bench_mirror``,
+``pikku_bench_results``) and flushes its own Redis database before each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.harness.broker import DEFAULT_REDIS_URL, REDIS_URL_ENV, flush
+from bench.harness.postgres import DEFAULT_PG_URL, PG_URL_ENV, BenchDatabases
+from bench.harness.report import say
+from bench.throughput.app import MIRROR_DATABASE, RESULTS_DATABASE
+from bench.throughput.pools import POOLS, parse_pools
+from bench.throughput.report import report_delivery, report_pools, report_ratios, report_runs
+from bench.throughput.runner import Bench, Settings, measure
+from pikku_celery import WorkflowStore
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.throughput",
+        description="Celery tasks per second on real workers: plain, with Celery's database "
+        "and Redis result backends, and with the pikku mirror; the mirror's lag and commits.",
+    )
+    parser.add_argument("--tasks", type=int, help="tasks per run (default 2000, --quick 200)")
+    parser.add_argument(
+        "--rounds", type=int, help="rounds; the best is kept (default 2, --quick 1)"
+    )
+    parser.add_argument(
+        "--pools",
+        type=parse_pools,
+        help="worker pools, some of prefork,threads,solo (default all three, --quick prefork); "
+        "prefork runs every scenario, threads and solo (a), (b), (c) with no-op tasks",
+    )
+    parser.add_argument(
+        "--pg-url",
+        default=DEFAULT_PG_URL,
+        help=f"an existing PostgreSQL database to connect to (default ${PG_URL_ENV}, "
+        f"else {DEFAULT_PG_URL}); "
+        f"the bench creates and drops {MIRROR_DATABASE!r} and {RESULTS_DATABASE!r} on its server",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=DEFAULT_REDIS_URL,
+        help=f"the broker and Redis result backend (default ${REDIS_URL_ENV}, "
+        f"else {DEFAULT_REDIS_URL}); "
+        "this database is flushed",
+    )
+    parser.add_argument("--quick", action="store_true", help="200 tasks, one round, prefork")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed, too")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = Settings(
+        tasks=args.tasks or (200 if args.quick else 2000),
+        rounds=args.rounds or (1 if args.quick else 2),
+        pools=args.pools or (("prefork",) if args.quick else tuple(POOLS)),
+        pg_url=args.pg_url,
+        redis_url=args.redis_url,
+    )
+    if settings.tasks < 1 or settings.rounds < 1:
+        raise SystemExit("--tasks and --rounds must be at least 1")
+    started = time.perf_counter()
+    databases = BenchDatabases(settings.pg_url, (MIRROR_DATABASE, RESULTS_DATABASE))
+    databases.create()
+    problems: list[str] = []
+    notes: set[str] = set()
+    missed: list[str] = []
+    tmp = Path(tempfile.mkdtemp(prefix="celery-bench-"))
+    try:
+        store = WorkflowStore(databases.url(MIRROR_DATABASE))
+        store.init()
+        store.close()
+        bench = Bench(settings, databases, tmp, problems, notes)
+        runs = measure(bench)
+        report_runs(runs, settings)
+        if "prefork" in settings.pools:
+            missed += report_ratios(runs)
+        missed += report_delivery(runs)
+        report_pools(runs, settings)
+    finally:
+        flush(settings.redis_url)
+        databases.drop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    say()
+    for note in sorted(notes):
+        say(f"NOTE: {note}")
+    for target in missed:
+        say(f"TARGET MISSED: {target}")
+    for problem in problems:
+        say(f"MIRROR PROBLEM: {problem}")
+    say(f"done in {time.perf_counter() - started:.0f} s")
+    return 1 if problems or (args.check and missed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

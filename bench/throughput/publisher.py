@@ -1,0 +1,163 @@
+"""The publisher of the Celery benchmark: one timed run, in a process of its own.
+
+``python -m bench.throughput.publisher`` is started by the driver for every run,
+in the scenario's environment: it warms up, publishes the run's tasks, waits
+until the worker (and, for a mirrored run, SQL) shows them done, and prints
+one JSON line with the times and the CPU spent by every process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+import redis
+import sqlalchemy as sa
+
+from bench.harness.broker import redis_client
+from bench.harness.cpu import cpu_delta, cpu_snapshot
+from bench.throughput.app import (
+    ATTEMPTS,
+    BY_KEY,
+    DATABASE_ENV,
+    MIRROR_DATABASE,
+    RESULTS_DATABASE,
+    SCENARIO_ENV,
+    VARIANTS,
+    WARMUP_TASKS,
+    BenchApp,
+    bench_app,
+    delivery_snapshot,
+    done_key,
+    task_name,
+    warm_key,
+)
+from bench.throughput.runs import run_key_sql
+
+# Slow enough to mean the worker is stuck rather than slow.
+MIN_TASKS_PER_SECOND: Final = 5
+SETTLE_TIMEOUT: Final = 60.0
+SETTLE_POLL: Final = 0.005
+DATABASES: Final = (MIRROR_DATABASE, RESULTS_DATABASE)
+
+
+def wait_done(client: redis.Redis, run: str, total: int, timeout: float) -> float:
+    """The worker's time of finishing the run's last task."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        # Short blocking calls: the client's socket timeout is shorter than a slow run.
+        answer: Any = client.blpop([done_key(run)], timeout=1)
+        if answer is not None:
+            return float(answer[1])
+    count = client.get(run)
+    raise SystemExit(
+        f"{run}: {int(count or 0)}/{total} tasks done after {timeout:.0f} s; see the worker's log"
+    )
+
+
+def settled_steps(engine: sa.Engine, run: str) -> int:
+    """The run's steps SQL shows as succeeded.
+
+    Read in a transaction that is rolled back, so the poll adds nothing to the
+    database's ``xact_commit``.
+    """
+    where = run_key_sql("data", engine.dialect.name)
+    with engine.connect() as conn:
+        count = conn.execute(
+            sa.text(
+                f"SELECT count(*) FROM workflow_step WHERE status = 'succeeded' AND {where} = :r"
+            ),
+            {"r": run},
+        ).scalar_one()
+    return int(count)
+
+
+def wait_settled(engine: sa.Engine, run: str, total: int) -> float:
+    """The first time SQL shows every step of the run succeeded."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    count = 0
+    while time.monotonic() < deadline:
+        count = settled_steps(engine, run)
+        if count >= total:
+            return time.time()
+        time.sleep(SETTLE_POLL)
+    raise SystemExit(f"{run}: SQL shows {count}/{total} steps succeeded {SETTLE_TIMEOUT:.0f} s on")
+
+
+def wait_written(bench: BenchApp, timeout: float = 10.0) -> None:
+    """Until this process's mirror has written every event it appended (when it can say)."""
+    if bench.pikku is None:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        snapshot = delivery_snapshot(bench.pikku)
+        if snapshot is None or snapshot["written"] >= snapshot["appended"]:
+            return
+        time.sleep(0.01)
+
+
+def publish(args: argparse.Namespace) -> int:
+    """One timed run: warm up, publish ``--tasks`` tasks, wait until they are done."""
+    if bench_app is None:
+        raise SystemExit(f"the publisher needs ${SCENARIO_ENV}")
+    scenario = BY_KEY[os.environ[SCENARIO_ENV]]
+    task = bench_app.app.tasks[task_name(scenario.key, args.variant)]
+    client = redis_client(bench_app.app.conf.broker_url)
+    timeout = 60 + args.tasks * ATTEMPTS[args.variant] / MIN_TASKS_PER_SECOND
+    mirror_db = None
+    if scenario.mirror:
+        mirror_db = sa.create_engine(os.environ[DATABASE_ENV], pool_size=1)
+    try:
+        warm = warm_key(args.run)
+        for _ in range(WARMUP_TASKS):
+            task.apply_async((warm, WARMUP_TASKS))
+        wait_done(client, warm, WARMUP_TASKS, timeout)
+        if mirror_db is not None:
+            wait_settled(mirror_db, warm, WARMUP_TASKS)
+
+        if bench_app.recorder is not None:
+            bench_app.recorder.mark()
+        before = cpu_snapshot(args.worker_pid, DATABASES)
+        started = time.time()
+        clock = time.perf_counter()
+        for _ in range(args.tasks):
+            task.apply_async((args.run, args.tasks))
+        published = time.perf_counter() - clock
+        worker_done = wait_done(client, args.run, args.tasks, timeout)
+        finished = worker_done
+        if mirror_db is not None:
+            finished = max(worker_done, wait_settled(mirror_db, args.run, args.tasks))
+        after = cpu_snapshot(args.worker_pid, DATABASES)
+    finally:
+        if mirror_db is not None:
+            mirror_db.dispose()
+    wait_written(bench_app)
+    if bench_app.recorder is not None:
+        bench_app.recorder.dump("publisher")
+    report = {
+        "elapsed": finished - started,
+        "worker_elapsed": worker_done - started,
+        "publish": published,
+        "cpu": cpu_delta(before, after),
+        "forced_events": bench_app.forced_events,
+    }
+    print(json.dumps(report), flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.throughput.publisher")
+    parser.add_argument("--variant", choices=VARIANTS, default="noop")
+    parser.add_argument("--tasks", type=int, required=True)
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--worker-pid", type=int, required=True)
+    return publish(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
