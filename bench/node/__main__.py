@@ -29,21 +29,17 @@ back however the bench ends.
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import signal
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from types import FrameType
 from typing import Final
 
-from bench.harness.broker import flush, redis_client
-from bench.harness.postgres import DEFAULT_PG_URL, PG_URL_ENV, BenchDatabases
+from bench.harness.broker import require_empty
+from bench.harness.options import at_least_one, comma_list, parser
 from bench.harness.report import say
+from bench.harness.session import Session
 from bench.node.cpus import SERVER_CPU, require_cpus, servers_on, this_thread_on
 from bench.node.report import report_delays, report_delivery, report_drains, report_ratios
 from bench.node.runs import DATABASES, MODES, NODE_MIRROR_DATABASE, NodeBench, Settings, measure
@@ -55,79 +51,34 @@ DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/8"
 SECTIONS: Final = ("drain", "delay")
 
 
-def _names(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
-    """An option's comma-separated list of ``choices``."""
-
-    def parse(text: str) -> tuple[str, ...]:
-        names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-        if not names or any(name not in choices for name in names):
-            raise argparse.ArgumentTypeError(f"some of {','.join(choices)}")
-        return names
-
-    return parse
-
-
-def require_unused(redis_url: str) -> None:
-    """Refuse a Redis database that holds anything: the bench flushes it before every run,
-    and on a shared server it may be someone else's."""
-    keys = redis_client(redis_url).dbsize()
-    if keys:
-        raise SystemExit(
-            f"{redis_url} holds {keys} keys; the bench flushes its database, so it wants an "
-            "empty one: pass another --redis-url (or flush it, if it is the bench's own)"
-        )
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.node",
-        description="The mirror against plain Celery on a worker pinned to one CPU: the drain "
-        "of a full queue, and .delay() in one publisher process.",
+def settings_from(argv: Sequence[str] | None) -> tuple[Settings, bool]:
+    """The run's settings and whether ``--check`` was given."""
+    options = parser(
+        "node",
+        "The mirror against plain Celery on a worker pinned to one CPU: the drain of a full "
+        "queue, and .delay() in one publisher process.",
+        quick="500 tasks, 1,000 calls, one round",
+        databases=DATABASES,
+        redis_url=DEFAULT_REDIS_URL,
+        rounds="rounds; the best is kept (default 2, --quick 1)",
     )
-    parser.add_argument("--tasks", type=int, help="tasks per drain (default 3000, --quick 500)")
-    parser.add_argument(
+    options.add_argument("--tasks", type=int, help="tasks per drain (default 3000, --quick 500)")
+    options.add_argument(
         "--calls", type=int, help=".delay() calls per run (default 5000, --quick 1000)"
     )
-    parser.add_argument(
-        "--rounds", type=int, help="rounds; the best is kept (default 2, --quick 1)"
-    )
-    parser.add_argument(
+    options.add_argument(
         "--modes",
-        type=_names(MODES),
+        type=comma_list(MODES),
         default=MODES,
         help=f"some of {','.join(MODES)} (default all; .delay() runs plain and mirror)",
     )
-    parser.add_argument(
+    options.add_argument(
         "--only",
-        type=_names(SECTIONS),
+        type=comma_list(SECTIONS),
         default=SECTIONS,
         help="drain, delay or both (default both)",
     )
-    parser.add_argument(
-        "--pg-url",
-        default=DEFAULT_PG_URL,
-        help=f"an existing PostgreSQL database to connect to (default ${PG_URL_ENV}, "
-        f"else {DEFAULT_PG_URL}); the bench creates and drops "
-        f"{' and '.join(repr(name) for name in DATABASES)} on its server",
-    )
-    parser.add_argument(
-        "--redis-url",
-        default=DEFAULT_REDIS_URL,
-        help=f"the broker and Redis result backend (default {DEFAULT_REDIS_URL}); "
-        "this database is flushed",
-    )
-    parser.add_argument("--quick", action="store_true", help="500 tasks, 1,000 calls, one round")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed, too")
-    return parser.parse_args(argv)
-
-
-def _exit_on_term(signum: int, frame: FrameType | None) -> None:
-    # SystemExit unwinds the finally blocks: the servers get their CPUs back.
-    raise SystemExit(128 + signum)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = options.parse_args(argv)
     settings = Settings(
         tasks=args.tasks or (500 if args.quick else 3000),
         calls=args.calls or (1000 if args.quick else 5000),
@@ -137,40 +88,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         pg_url=args.pg_url,
         redis_url=args.redis_url,
     )
-    if min(settings.tasks, settings.calls, settings.rounds) < 1:
-        raise SystemExit("--tasks, --calls and --rounds must be at least 1")
+    at_least_one(tasks=settings.tasks, calls=settings.calls, rounds=settings.rounds)
+    return settings, bool(args.check)
+
+
+def _exit_on_term(signum: int, frame: FrameType | None) -> None:
+    # SystemExit unwinds the finally blocks: the servers get their CPUs back.
+    raise SystemExit(128 + signum)
+
+
+def _load() -> str:
+    return " ".join(f"{load:.2f}" for load in os.getloadavg())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings, check = settings_from(argv)
     require_cpus()
-    require_unused(settings.redis_url)
+    require_empty(settings.redis_url)
     signal.signal(signal.SIGTERM, _exit_on_term)
-    started = time.perf_counter()
-    say(f"load average at the start: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
-    databases = BenchDatabases(settings.pg_url, DATABASES)
-    databases.create()
-    tmp = Path(tempfile.mkdtemp(prefix="node-bench-"))
-    bench = NodeBench(settings, databases, tmp)
-    missed: list[str] = []
-    try:
-        store = WorkflowStore(databases.url(NODE_MIRROR_DATABASE))
+    say(f"load average at the start: {_load()}")
+    with Session("node-bench", settings, DATABASES) as session:
+        store = WorkflowStore(session.databases.url(NODE_MIRROR_DATABASE))
         store.init()
         store.close()
         with servers_on({SERVER_CPU}), this_thread_on({SERVER_CPU}):
-            drains, delays = measure(bench)
+            drains, delays = measure(NodeBench(settings, session))
         report_drains(drains, settings)
         report_delays(delays, settings)
-        missed = report_ratios(drains, delays)
+        session.missed += report_ratios(drains, delays)
         report_delivery(drains)
-    finally:
-        flush(settings.redis_url)
-        databases.drop()
-        shutil.rmtree(tmp, ignore_errors=True)
     say()
-    say(f"load average at the end: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
-    for target in missed:
-        say(f"TARGET MISSED: {target}")
-    for problem in bench.problems:
-        say(f"MIRROR PROBLEM: {problem}")
-    say(f"done in {time.perf_counter() - started:.0f} s")
-    return 1 if bench.problems or (args.check and missed) else 0
+    say(f"load average at the end: {_load()}")
+    return session.finish(check=check)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,10 @@ against their targets, and the mirror's delivery during the drains."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Final, TypeVar
+from collections.abc import Sequence
+from typing import Final
 
-from bench.harness.report import fmt, say, table, verdict
+from bench.harness.report import best, fmt, ratio, say, table, verdict
 from bench.node.cpus import SERVER_CPU, WORKER_CPU
 from bench.node.runs import DELAY_MODES, MODE_LABELS, MODES, DelayRun, DrainRun, Settings
 from bench.node.threads import SIDE_THREADS
@@ -17,30 +17,17 @@ DELAY_OF_PLAIN: Final = 0.9
 DRAIN_OF_REDIS: Final = 1.2
 DRAIN_OF_DB: Final = 3.5
 
-R = TypeVar("R", DrainRun, DelayRun)
-
-
-def _best(runs: Sequence[R], keep: Callable[[R], bool]) -> R | None:
-    matching = [run for run in runs if keep(run)]
-    return max(matching, key=lambda run: run.rate) if matching else None
-
-
-def best_drain(runs: Sequence[DrainRun], mode: str, variant: str) -> DrainRun | None:
-    return _best(runs, lambda run: (run.mode, run.variant) == (mode, variant))
-
-
-def best_delay(runs: Sequence[DelayRun], mode: str) -> DelayRun | None:
-    return _best(runs, lambda run: run.mode == mode)
-
-
-def _ratio(top: R | None, bottom: R | None, measure: Callable[[R], float]) -> float | None:
-    if top is None or bottom is None or not measure(bottom):
-        return None
-    return measure(top) / measure(bottom)
-
 
 def _rate(run: DrainRun | DelayRun) -> float:
     return run.rate
+
+
+def best_drain(runs: Sequence[DrainRun], mode: str, variant: str) -> DrainRun | None:
+    return best(runs, lambda run: (run.mode, run.variant) == (mode, variant), _rate)
+
+
+def best_delay(runs: Sequence[DelayRun], mode: str) -> DelayRun | None:
+    return best(runs, lambda run: run.mode == mode, _rate)
 
 
 def _rate_from_start(run: DrainRun) -> float:
@@ -177,21 +164,21 @@ def report_ratios(drains: Sequence[DrainRun], delays: Sequence[DelayRun]) -> lis
                 continue
             row(
                 f"drain {label}: mirror/{name}",
-                _ratio(mirror, other, _rate),
+                ratio(mirror, other, _rate),
                 target,
-                fmt(_ratio(mirror, other, _rate_from_start)),
+                fmt(ratio(mirror, other, _rate_from_start)),
                 # By CPU: the other side's CPU per task over the mirror's, so above 1 is
                 # the mirror cheaper, as for the rates.
-                fmt(_ratio(other, mirror, _drain_cpu)),
+                fmt(ratio(other, mirror, _drain_cpu)),
             )
     if delays:
         mirror_delay, plain_delay = best_delay(delays, "mirror"), best_delay(delays, "plain")
         row(
             ".delay(): mirror/plain",
-            _ratio(mirror_delay, plain_delay, _rate),
+            ratio(mirror_delay, plain_delay, _rate),
             DELAY_OF_PLAIN,
             "",
-            fmt(_ratio(plain_delay, mirror_delay, _loop_cpu)),
+            fmt(ratio(plain_delay, mirror_delay, _loop_cpu)),
         )
     table(["ratio", "value", "target", "", "from start", "by CPU"], rows)
     say(

@@ -13,31 +13,28 @@ another's signal handlers or journal folder.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import sqlalchemy as sa
 
-from bench.harness.broker import flush, redis_client
+from bench.harness.broker import redis_client
 from bench.harness.cpu import cpu_delta, cpu_snapshot
-from bench.harness.postgres import BenchDatabases
 from bench.harness.report import say
+from bench.harness.session import Common, Runner
 from bench.harness.turns import alternated
-from bench.harness.workers import clean_env, mirror_failures, run_module, running_worker
+from bench.harness.workers import BROKER_ENV, run_module_json, running_worker
 from bench.node.cpus import WORKER_CPU, this_thread_on, tree_cpus
 from bench.node.first import FirstTask
 from bench.node.threads import SIDE_THREADS, side_threads_cpu
 from bench.throughput.app import (
     ATTEMPTS,
-    BROKER_ENV,
-    DATABASE_ENV,
     LOCAL_ENV,
     SCENARIO_ENV,
     STATS_ENV,
@@ -73,14 +70,11 @@ DRAIN_PARTS: Final = ("worker main", "worker children", "postgres", "redis")
 
 
 @dataclass(frozen=True)
-class Settings:
+class Settings(Common):
     tasks: int
     calls: int
-    rounds: int
     modes: tuple[str, ...]
     sections: tuple[str, ...]
-    pg_url: str
-    redis_url: str
 
 
 @dataclass(frozen=True)
@@ -190,11 +184,6 @@ def check_published(url: str, run: str, calls: int) -> tuple[bool, str]:
     )
 
 
-def _report(output: str) -> dict[str, Any]:
-    report: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
-    return report
-
-
 @contextmanager
 def pinned_worker(
     env: Mapping[str, str], name: str, log: Path
@@ -213,28 +202,14 @@ def pinned_worker(
         yield worker
 
 
-@dataclass
-class NodeBench:
-    settings: Settings
-    databases: BenchDatabases
-    tmp: Path
-    problems: list[str] = field(default_factory=list)
-    count: int = 0
+class NodeBench(Runner[Settings]):
+    """The drains and ``.delay()`` loops of one bench."""
 
     def env(self, mode: str, database_url: str | None, stats_dir: Path) -> dict[str, str]:
         # A journal folder per run: a run's worker must not find another run's journals.
-        local = str(self.tmp / f"local-{self.count}")
-        settings = {
-            SCENARIO_ENV: SCENARIO_OF[mode],
-            BROKER_ENV: self.settings.redis_url,
-            STATS_ENV: str(stats_dir),
-            LOCAL_ENV: local,
-            "PIKKU_SPOOL_DIR": local,
-            "PIKKU_JOURNAL_DIR": local,
-        }
-        if database_url is not None:
-            settings[DATABASE_ENV] = database_url
-        return clean_env(settings)
+        local = self.tmp / f"local-{self.count}"
+        scenario = {SCENARIO_ENV: SCENARIO_OF[mode], STATS_ENV: str(stats_dir)}
+        return self.worker_env({**scenario, LOCAL_ENV: str(local)}, database_url, local)
 
     def database_url(self, mode: str) -> str | None:
         name = DATABASE_OF.get(mode)
@@ -258,19 +233,16 @@ class NodeBench:
             engine.dispose()
 
     def drain(self, mode: str, variant: str, progress: str) -> DrainRun:
-        self.count += 1
-        flush(self.settings.redis_url)
+        self.next_run()
         url = self.database_url(mode)
         stats_dir = self.tmp / f"stats-{self.count}"
         env = self.env(mode, url, stats_dir)
         run = f"node:{mode}:{variant}:{self.count}"
         tasks = self.settings.tasks
-        fill = _report(
-            run_module(
-                "bench.node.publisher",
-                ["fill", "--variant", variant, "--tasks", str(tasks), "--run", run],
-                env,
-            )
+        fill = run_module_json(
+            "bench.node.publisher",
+            ["fill", "--variant", variant, "--tasks", str(tasks), "--run", run],
+            env,
         )
         client = redis_client(self.settings.redis_url)
         timeout = 60 + tasks * ATTEMPTS[variant] / MIN_TASKS_PER_SECOND
@@ -296,12 +268,7 @@ class NodeBench:
             check = mirror_check.describe()
             if not mirror_check.ok:
                 self.problems.append(f"{run}: {check}")
-        failures = mirror_failures(log)
-        if failures:
-            self.problems.append(
-                f"{run}: the worker logged {len(failures)} mirror failures, "
-                f"the first: {failures[0]}"
-            )
+        self.check_log(run, log)
         result = DrainRun(
             mode,
             variant,
@@ -323,8 +290,7 @@ class NodeBench:
         return result
 
     def delay(self, mode: str, progress: str) -> DelayRun:
-        self.count += 1
-        flush(self.settings.redis_url)
+        self.next_run()
         url = self.database_url(mode)
         env = self.env(mode, url, self.tmp / f"stats-{self.count}")
         run = f"node:delay:{mode}:{self.count}"
@@ -333,7 +299,7 @@ class NodeBench:
         for name in DATABASES:
             args += ["--database", name]
         with this_thread_on({WORKER_CPU}):
-            report = _report(run_module("bench.node.publisher", args, env))
+            report = run_module_json("bench.node.publisher", args, env)
         check = None
         if mode == "mirror" and url is not None:
             ok, check = check_published(url, run, calls)

@@ -30,17 +30,12 @@ flushes its Redis database before each run.
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
-from pathlib import Path
 
-from bench.harness.broker import DEFAULT_REDIS_URL, REDIS_URL_ENV, flush
-from bench.harness.postgres import DEFAULT_PG_URL, PG_URL_ENV, BenchDatabases
-from bench.harness.report import say
+from bench.harness.broker import DEFAULT_REDIS_URL
+from bench.harness.options import at_least_one, comma_list, parser
+from bench.harness.session import Session
 from bench.result_backend.app import BACKENDS, BY_KEY, DATABASES
 from bench.result_backend.report import (
     report_chord,
@@ -56,58 +51,32 @@ QUICK = {"drain": 300, "latency": 50, "chord": 200, "expiry": 20_000}
 EXPIRY_BACKENDS = ("db", "pikku", "dcr")
 
 
-def parse_backends(text: str) -> tuple[str, ...]:
-    keys = tuple(dict.fromkeys(key.strip() for key in text.split(",") if key.strip()))
-    unknown = [key for key in keys if key not in BY_KEY]
-    if unknown or not keys:
-        raise argparse.ArgumentTypeError(f"backends are some of {', '.join(BY_KEY)}")
-    return keys
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.result_backend",
-        description="pikku's result backend against Redis, db+ and django-celery-results: "
+def settings_from(argv: Sequence[str] | None) -> Settings:
+    options = parser(
+        "result_backend",
+        "pikku's result backend against Redis, db+ and django-celery-results: "
         "drain throughput, get() latency, a large chord, expiry.",
+        quick=f"one round of {QUICK['drain']} tasks, {QUICK['latency']} gets, "
+        f"{QUICK['chord']} header tasks, {QUICK['expiry']:,} expired rows",
+        databases=DATABASES,
+        redis_url=DEFAULT_REDIS_URL,
+        rounds="rounds; the best is kept (default 2, --quick 1)",
+        check=None,
     )
-    parser.add_argument("--rounds", type=int, help="rounds; the best is kept (default 2, quick 1)")
-    parser.add_argument(
+    options.add_argument(
         "--backends",
-        type=parse_backends,
+        type=comma_list(BY_KEY),
         default=tuple(BY_KEY),
         help=f"some of {','.join(BY_KEY)} (default all)",
     )
-    parser.add_argument(
+    options.add_argument(
         "--pikku-flush-interval",
         type=float,
         help="the mirror's flush interval in seconds for the pikku runs (default pikku's own): "
         "how much of get()'s latency is the wait for the worker's next flush",
     )
-    parser.add_argument("--skip-expiry", action="store_true", help="no cleanup() timing")
-    parser.add_argument(
-        "--pg-url",
-        default=DEFAULT_PG_URL,
-        help=f"an existing PostgreSQL database to connect to (default ${PG_URL_ENV}, "
-        f"else {DEFAULT_PG_URL}); the bench creates and drops {', '.join(DATABASES)} "
-        "on its server",
-    )
-    parser.add_argument(
-        "--redis-url",
-        default=DEFAULT_REDIS_URL,
-        help=f"the broker and Redis result backend (default ${REDIS_URL_ENV}, "
-        f"else {DEFAULT_REDIS_URL}); this database is flushed",
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"one round of {QUICK['drain']} tasks, {QUICK['latency']} gets, "
-        f"{QUICK['chord']} header tasks, {QUICK['expiry']:,} expired rows",
-    )
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    options.add_argument("--skip-expiry", action="store_true", help="no cleanup() timing")
+    args = options.parse_args(argv)
     backends = tuple(b for b in BACKENDS if b.key in args.backends)
     expiry = () if args.skip_expiry else tuple(b for b in backends if b.key in EXPIRY_BACKENDS)
     settings = Settings(
@@ -119,28 +88,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         redis_url=args.redis_url,
         flush_interval=args.pikku_flush_interval,
     )
-    if settings.rounds < 1:
-        raise SystemExit("--rounds must be at least 1")
-    started = time.perf_counter()
-    databases = BenchDatabases(settings.pg_url, DATABASES)
-    tmp = Path(tempfile.mkdtemp(prefix="result-bench-"))
-    bench = Bench(settings, databases, tmp)
-    try:
-        runs = measure(bench)
+    at_least_one(rounds=settings.rounds)
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = settings_from(argv)
+    # Each run makes its backend's database anew: none to create up front.
+    with Session("result-bench", settings, DATABASES, create=False) as session:
+        runs = measure(Bench(settings, session))
         report_drain(runs, settings)
         report_latency(runs, settings)
         report_chord(runs, settings)
         report_expiry(runs, settings)
         report_ratios(runs, settings)
-    finally:
-        flush(settings.redis_url)
-        databases.drop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    say()
-    for problem in bench.problems:
-        say(f"PROBLEM: {problem}")
-    say(f"done in {time.perf_counter() - started:.0f} s")
-    return 1 if bench.problems else 0
+    return session.finish(check=False)
 
 
 if __name__ == "__main__":

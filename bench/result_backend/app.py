@@ -16,11 +16,10 @@ from typing import Any, Final
 from celery import Celery
 
 from bench.harness.broker import DEFAULT_REDIS_URL
+from bench.harness.workers import BROKER_ENV, DATABASE_ENV
 from pikku_celery import PikkuCelery
 
 BACKEND_ENV: Final = "BENCH_RESULT_BACKEND"
-BROKER_ENV: Final = "BENCH_BROKER_URL"
-DATABASE_ENV: Final = "BENCH_DATABASE_URL"
 
 NOOP: Final = "rbench.noop"
 ADD: Final = "rbench.add"

@@ -23,11 +23,10 @@ from celery.result import AsyncResult
 
 from bench.harness.broker import DEFAULT_REDIS_URL
 from bench.harness.cpu import cpu_delta, cpu_snapshot
+from bench.harness.workers import BROKER_ENV, DATABASE_ENV
 from bench.result_backend.app import (
     ADD,
     BACKEND_ENV,
-    BROKER_ENV,
-    DATABASE_ENV,
     DATABASES,
     NOOP,
     TOTAL,

@@ -9,18 +9,16 @@ changes from round to round.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from bench.harness.broker import flush
-from bench.harness.postgres import BenchDatabases
 from bench.harness.report import say
+from bench.harness.session import Common, Runner
 from bench.harness.timing import quantile
 from bench.harness.turns import rotated
-from bench.harness.workers import clean_env, mirror_failures, run_module, running_worker
-from bench.result_backend.app import BACKEND_ENV, BROKER_ENV, DATABASE_ENV, Backend
+from bench.harness.workers import BROKER_ENV, clean_env, run_module, run_module_json, running_worker
+from bench.result_backend.app import BACKEND_ENV, Backend
 from bench.throughput.pools import POOLS
 from pikku_celery import WorkflowStore
 
@@ -31,13 +29,10 @@ UNITS: Final = {"drain": "tasks", "latency": "gets", "chord": "header tasks", "e
 
 
 @dataclass(frozen=True)
-class Settings:
-    rounds: int
+class Settings(Common):
     counts: dict[str, int]
     backends: tuple[Backend, ...]
     expiry: tuple[Backend, ...]
-    pg_url: str
-    redis_url: str
     #: ``PIKKU_FLUSH_INTERVAL`` for the pikku runs; None keeps pikku's default.
     flush_interval: float | None = None
 
@@ -64,13 +59,8 @@ class Run:
         return {part: seconds * 1000 / self.count for part, seconds in self.report["cpu"].items()}
 
 
-@dataclass
-class Bench:
-    settings: Settings
-    databases: BenchDatabases
-    tmp: Path
-    problems: list[str] = field(default_factory=list)
-    count: int = 0
+class Bench(Runner[Settings]):
+    """The runs of one bench: a fresh database, worker and client each."""
 
     def database_url(self, backend: Backend) -> str | None:
         if backend.database is None:
@@ -85,41 +75,27 @@ class Bench:
         return url
 
     def env(self, backend: Backend, database_url: str | None) -> dict[str, str]:
-        local = str(self.tmp / "local")
-        settings = {
-            BACKEND_ENV: backend.key,
-            BROKER_ENV: self.settings.redis_url,
-            "PIKKU_SPOOL_DIR": local,
-            "PIKKU_JOURNAL_DIR": local,
-        }
-        if database_url is not None:
-            settings[DATABASE_ENV] = database_url
+        settings = {BACKEND_ENV: backend.key}
         if backend.key == "pikku" and self.settings.flush_interval is not None:
             settings["PIKKU_FLUSH_INTERVAL"] = str(self.settings.flush_interval)
-        return clean_env(settings)
+        return self.worker_env(settings, database_url, self.tmp / "local")
 
     def run(self, backend: Backend, measure: str, progress: str) -> Run:
-        self.count += 1
+        self.next_run()
         count = self.settings.counts[measure]
-        flush(self.settings.redis_url)
         env = self.env(backend, self.database_url(backend))
         args = ["--measure", measure, "--count", str(count)]
         if measure == "expiry":
-            output = run_module("bench.result_backend.client", args, env)
+            report = run_module_json("bench.result_backend.client", args, env)
         else:
             log = self.tmp / f"worker-{self.count}-{backend.key}-{measure}.log"
             with running_worker(
                 "bench.result_backend.app", f"rbench-{backend.key}", POOL, env, env[BROKER_ENV], log
             ) as worker:
                 args += ["--worker-pid", str(worker.pid)]
-                output = run_module("bench.result_backend.client", args, env)
-            failures = mirror_failures(log) + raised(log)
-            if failures:
-                self.problems.append(
-                    f"{backend.key} {measure}: the worker logged {len(failures)} failures: "
-                    + "; ".join(dict.fromkeys(failures))
-                )
-        run = Run(backend.key, measure, count, json.loads(output.strip().splitlines()[-1]))
+                report = run_module_json("bench.result_backend.client", args, env)
+            self.check_log(f"{backend.key} {measure}", log, more=raised(log))
+        run = Run(backend.key, measure, count, report)
         say(f"[{progress}] {backend.label:<22} {measure:<8} {describe(run)}")
         return run
 

@@ -42,61 +42,38 @@ The bench creates and drops its own databases (``pikku_bench_mirror``,
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
-from pathlib import Path
 
-from bench.harness.broker import DEFAULT_REDIS_URL, REDIS_URL_ENV, flush
-from bench.harness.postgres import DEFAULT_PG_URL, PG_URL_ENV, BenchDatabases
-from bench.harness.report import say
+from bench.harness.broker import DEFAULT_REDIS_URL
+from bench.harness.options import at_least_one, comma_list, parser
+from bench.harness.session import Session
 from bench.throughput.app import MIRROR_DATABASE, RESULTS_DATABASE
-from bench.throughput.pools import POOLS, parse_pools
+from bench.throughput.pools import POOLS
 from bench.throughput.report import report_delivery, report_pools, report_ratios, report_runs
 from bench.throughput.runner import Bench, Settings, measure
 from pikku_celery import WorkflowStore
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.throughput",
-        description="Celery tasks per second on real workers: plain, with Celery's database "
-        "and Redis result backends, and with the pikku mirror; the mirror's lag and commits.",
+def settings_from(argv: Sequence[str] | None) -> tuple[Settings, bool]:
+    """The run's settings and whether ``--check`` was given."""
+    options = parser(
+        "throughput",
+        "Celery tasks per second on real workers: plain, with Celery's database and Redis "
+        "result backends, and with the pikku mirror; the mirror's lag and commits.",
+        quick="200 tasks, one round, prefork",
+        databases=(MIRROR_DATABASE, RESULTS_DATABASE),
+        redis_url=DEFAULT_REDIS_URL,
+        rounds="rounds; the best is kept (default 2, --quick 1)",
     )
-    parser.add_argument("--tasks", type=int, help="tasks per run (default 2000, --quick 200)")
-    parser.add_argument(
-        "--rounds", type=int, help="rounds; the best is kept (default 2, --quick 1)"
-    )
-    parser.add_argument(
+    options.add_argument("--tasks", type=int, help="tasks per run (default 2000, --quick 200)")
+    options.add_argument(
         "--pools",
-        type=parse_pools,
+        type=comma_list(POOLS),
         help="worker pools, some of prefork,threads,solo (default all three, --quick prefork); "
         "prefork runs every scenario, threads and solo (a), (b), (c) with no-op tasks",
     )
-    parser.add_argument(
-        "--pg-url",
-        default=DEFAULT_PG_URL,
-        help=f"an existing PostgreSQL database to connect to (default ${PG_URL_ENV}, "
-        f"else {DEFAULT_PG_URL}); "
-        f"the bench creates and drops {MIRROR_DATABASE!r} and {RESULTS_DATABASE!r} on its server",
-    )
-    parser.add_argument(
-        "--redis-url",
-        default=DEFAULT_REDIS_URL,
-        help=f"the broker and Redis result backend (default ${REDIS_URL_ENV}, "
-        f"else {DEFAULT_REDIS_URL}); "
-        "this database is flushed",
-    )
-    parser.add_argument("--quick", action="store_true", help="200 tasks, one round, prefork")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed, too")
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = options.parse_args(argv)
     settings = Settings(
         tasks=args.tasks or (200 if args.quick else 2000),
         rounds=args.rounds or (1 if args.quick else 2),
@@ -104,39 +81,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         pg_url=args.pg_url,
         redis_url=args.redis_url,
     )
-    if settings.tasks < 1 or settings.rounds < 1:
-        raise SystemExit("--tasks and --rounds must be at least 1")
-    started = time.perf_counter()
-    databases = BenchDatabases(settings.pg_url, (MIRROR_DATABASE, RESULTS_DATABASE))
-    databases.create()
-    problems: list[str] = []
-    notes: set[str] = set()
-    missed: list[str] = []
-    tmp = Path(tempfile.mkdtemp(prefix="celery-bench-"))
-    try:
-        store = WorkflowStore(databases.url(MIRROR_DATABASE))
+    at_least_one(tasks=settings.tasks, rounds=settings.rounds)
+    return settings, bool(args.check)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings, check = settings_from(argv)
+    with Session("celery-bench", settings, (MIRROR_DATABASE, RESULTS_DATABASE)) as session:
+        store = WorkflowStore(session.databases.url(MIRROR_DATABASE))
         store.init()
         store.close()
-        bench = Bench(settings, databases, tmp, problems, notes)
-        runs = measure(bench)
+        runs = measure(Bench(settings, session))
         report_runs(runs, settings)
         if "prefork" in settings.pools:
-            missed += report_ratios(runs)
-        missed += report_delivery(runs)
+            session.missed += report_ratios(runs)
+        session.missed += report_delivery(runs)
         report_pools(runs, settings)
-    finally:
-        flush(settings.redis_url)
-        databases.drop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    say()
-    for note in sorted(notes):
-        say(f"NOTE: {note}")
-    for target in missed:
-        say(f"TARGET MISSED: {target}")
-    for problem in problems:
-        say(f"MIRROR PROBLEM: {problem}")
-    say(f"done in {time.perf_counter() - started:.0f} s")
-    return 1 if problems or (args.check and missed) else 0
+    return session.finish(check=check)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,10 @@ from typing import Any, Final
 from celery import Celery, signals
 
 from bench.harness.broker import DEFAULT_REDIS_URL, redis_client
+from bench.harness.workers import BROKER_ENV, DATABASE_ENV
 from pikku_celery import PikkuCelery
 
 SCENARIO_ENV: Final = "BENCH_SCENARIO"
-BROKER_ENV: Final = "BENCH_BROKER_URL"
-DATABASE_ENV: Final = "BENCH_DATABASE_URL"
 STATS_ENV: Final = "BENCH_STATS_DIR"
 LOCAL_ENV: Final = "BENCH_LOCAL_DIR"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Final
 
 POOLS: Final = {
@@ -13,11 +12,3 @@ POOLS: Final = {
 POOL_LABELS: Final = {"prefork": "prefork -c 2", "threads": "threads -c 4", "solo": "solo"}
 # The scenarios the threads and solo pools run, no-op tasks only.
 POOL_SCENARIOS: Final = ("plain", "dbbackend", "pikku")
-
-
-def parse_pools(text: str) -> tuple[str, ...]:
-    pools = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    unknown = [name for name in pools if name not in POOLS]
-    if unknown or not pools:
-        raise argparse.ArgumentTypeError(f"pools are some of {', '.join(POOLS)}")
-    return pools

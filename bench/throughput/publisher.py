@@ -21,10 +21,10 @@ import sqlalchemy as sa
 
 from bench.harness.broker import redis_client
 from bench.harness.cpu import cpu_delta, cpu_snapshot
+from bench.harness.workers import DATABASE_ENV
 from bench.throughput.app import (
     ATTEMPTS,
     BY_KEY,
-    DATABASE_ENV,
     MIRROR_DATABASE,
     RESULTS_DATABASE,
     SCENARIO_ENV,

@@ -4,11 +4,12 @@ mirror's delivery, and the pools side by side."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from bench.harness.cpu import PARTS
-from bench.harness.report import fmt, say, table, verdict
+from bench.harness.report import best as best_of
+from bench.harness.report import fmt, ratio, say, table, verdict
 from bench.throughput.app import SCENARIOS, VARIANT_LABELS, VARIANTS
 from bench.throughput.pools import POOL_LABELS, POOL_SCENARIOS, POOLS
 from bench.throughput.runner import Settings
@@ -30,23 +31,16 @@ PART_SHORT: Final = {
 }
 
 
-def best(runs: Sequence[Run], scenario: str, variant: str, pool: str = "prefork") -> Run | None:
-    matching = [
-        run
-        for run in runs
-        if run.scenario == scenario and run.variant == variant and run.pool == pool
-    ]
-    return max(matching, key=lambda run: run.rate) if matching else None
-
-
-def ratio(top: Run | None, bottom: Run | None, measure: Callable[[Run], float]) -> float | None:
-    if top is None or bottom is None or not measure(bottom):
-        return None
-    return measure(top) / measure(bottom)
-
-
 def rate_of(run: Run) -> float:
     return run.rate
+
+
+def best(runs: Sequence[Run], scenario: str, variant: str, pool: str = "prefork") -> Run | None:
+    return best_of(
+        runs,
+        lambda run: (run.scenario, run.variant, run.pool) == (scenario, variant, pool),
+        rate_of,
+    )
 
 
 def ceiling_of(run: Run) -> float:

@@ -7,20 +7,14 @@ the mirror report into a ``Run``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from bench.harness.broker import flush
-from bench.harness.postgres import BenchDatabases
 from bench.harness.report import say
+from bench.harness.session import Common, Runner
 from bench.harness.turns import alternated
-from bench.harness.workers import clean_env, mirror_failures, run_module, running_worker
+from bench.harness.workers import BROKER_ENV, run_module_json, running_worker
 from bench.throughput.app import (
-    BROKER_ENV,
     BY_KEY,
-    DATABASE_ENV,
     LOCAL_ENV,
     MATRIX,
     SCENARIO_ENV,
@@ -35,40 +29,13 @@ from pikku_celery import WorkflowStore
 
 
 @dataclass(frozen=True)
-class Settings:
+class Settings(Common):
     tasks: int
-    rounds: int
     pools: tuple[str, ...]
-    pg_url: str
-    redis_url: str
 
 
-@dataclass
-class Bench:
-    """What a run needs from the driver."""
-
-    settings: Settings
-    databases: BenchDatabases
-    tmp: Path
-    problems: list[str]
-    notes: set[str]
-    count: int = 0
-
-    def scenario_env(
-        self, scenario: Scenario, database_url: str | None, stats_dir: Path
-    ) -> dict[str, str]:
-        local = str(self.tmp / "local")
-        settings = {
-            SCENARIO_ENV: scenario.key,
-            BROKER_ENV: self.settings.redis_url,
-            STATS_ENV: str(stats_dir),
-            LOCAL_ENV: local,
-            "PIKKU_SPOOL_DIR": local,
-            "PIKKU_JOURNAL_DIR": local,
-        }
-        if database_url is not None:
-            settings[DATABASE_ENV] = database_url
-        return clean_env(settings)
+class Bench(Runner[Settings]):
+    """The runs of one bench: a worker and a publisher each."""
 
     def database_url(self, scenario: Scenario) -> str | None:
         if scenario.database is None:
@@ -86,12 +53,16 @@ class Bench:
         return url
 
     def run(self, scenario: Scenario, variant: str, pool: str, round_no: int, progress: str) -> Run:
-        self.count += 1
-        flush(self.settings.redis_url)
+        count = self.next_run()
         database_url = self.database_url(scenario)
-        stats_dir = self.tmp / f"stats-{self.count}"
-        env = self.scenario_env(scenario, database_url, stats_dir)
-        log = self.tmp / f"worker-{self.count}-{scenario.key}-{variant}-{pool}.log"
+        stats_dir = self.tmp / f"stats-{count}"
+        local = self.tmp / "local"
+        env = self.worker_env(
+            {SCENARIO_ENV: scenario.key, STATS_ENV: str(stats_dir), LOCAL_ENV: str(local)},
+            database_url,
+            local,
+        )
+        log = self.tmp / f"worker-{count}-{scenario.key}-{variant}-{pool}.log"
         run_key = f"bench:{scenario.key}:{variant}:{pool}:{round_no}"
         pg_database = scenario.database if scenario.database not in (None, "sqlite") else None
         before = self.databases.commits(pg_database) if pg_database else None
@@ -100,8 +71,7 @@ class Bench:
         ) as worker:
             args = ["--variant", variant, "--tasks", str(self.settings.tasks), "--run", run_key]
             args += ["--worker-pid", str(worker.pid)]
-            output = run_module("bench.throughput.publisher", args, env)
-            report: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
+            report = run_module_json("bench.throughput.publisher", args, env)
             check = None
             if scenario.mirror:
                 assert database_url is not None
@@ -113,14 +83,9 @@ class Bench:
         if pg_database is not None and before is not None:
             commits = self.databases.commits(pg_database) - before
         delivery = load_delivery(stats_dir) if scenario.mirror else None
-        failures = mirror_failures(log)
-        if failures:
-            self.problems.append(
-                f"{run_key}: the worker logged {len(failures)} mirror failures, "
-                f"the first: {failures[0]}"
-            )
+        self.check_log(run_key, log)
         if report.get("forced_events") and not scenario.events:
-            self.notes.add(
+            self.session.notes.add(
                 "PikkuCelery switched the task events on; the bench turned them off for (c)."
             )
         run = Run(

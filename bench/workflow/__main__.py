@@ -43,7 +43,7 @@ untimed runs of each kind. Each read waits until idle backends have flushed
 their statistics, which PostgreSQL 15 does within 10 s (``--stats-wait``).
 
 The worker's app is ``bench.workflow.app``: ``celery -A bench.workflow.app
-worker`` builds it from ``WFBENCH_*`` environment variables at import. The
+worker`` builds it from ``BENCH_*`` environment variables at import. The
 bench creates and drops its own database (``pikku_bench_workflow``) and
 flushes its Redis database first.
 """
@@ -51,18 +51,24 @@ flushes its Redis database first.
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from bench.harness.broker import DEFAULT_REDIS_URL, REDIS_URL_ENV, flush
-from bench.harness.postgres import DEFAULT_PG_URL, PG_URL_ENV, BenchDatabases
+from bench.harness.broker import DEFAULT_REDIS_URL
+from bench.harness.options import parser
+from bench.harness.postgres import BenchDatabases
 from bench.harness.report import say
-from bench.harness.workers import clean_env, mirror_failures, running_worker
-from bench.workflow.app import BROKER_ENV, COUNT_DIR_ENV, DATABASE_ENV, build_app
+from bench.harness.session import Common, Session
+from bench.harness.workers import (
+    BROKER_ENV,
+    DATABASE_ENV,
+    clean_env,
+    mirror_failures,
+    running_worker,
+)
+from bench.workflow.app import COUNT_DIR_ENV, build_app
 from bench.workflow.crosscheck import cross_check
 from bench.workflow.report import report, report_cross_check
 from bench.workflow.runs import DATABASE, KINDS, Bench
@@ -133,70 +139,52 @@ def measure(
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.workflow",
-        description="Per-step wall time and SQL of a durable workflow vs a Celery chain.",
+    options = parser(
+        "workflow",
+        "Per-step wall time and SQL of a durable workflow vs a Celery chain.",
+        quick="5 runs of each kind, no pg_stat cross-check",
+        databases=(DATABASE,),
+        redis_url=DEFAULT_REDIS_URL,
+        check="exit 1 when the target is missed",
     )
-    parser.add_argument("--steps", type=int, default=20, help="steps per run (default 20)")
-    parser.add_argument(
+    options.add_argument("--steps", type=int, default=20, help="steps per run (default 20)")
+    options.add_argument(
         "--runs", type=int, help="measured runs of each kind (default 20; 5 with --quick)"
     )
-    parser.add_argument(
+    options.add_argument(
         "--concurrent", type=int, default=1, help="runs in flight at once (default 1)"
     )
-    parser.add_argument(
-        "--pg-url",
-        default=DEFAULT_PG_URL,
-        help=f"PostgreSQL admin URL (default ${PG_URL_ENV} or the local server); the bench "
-        f"creates and drops {DATABASE} on that server",
-    )
-    parser.add_argument(
-        "--redis-url",
-        default=DEFAULT_REDIS_URL,
-        help=f"broker (default ${REDIS_URL_ENV} or the local server); this database is flushed",
-    )
-    parser.add_argument(
+    options.add_argument(
         "--stats-wait",
         type=float,
         help=f"seconds to let PostgreSQL flush statistics before each pg_stat_database "
         f"read (default {STATS_WAIT:g}; 0, the default with --quick, skips the cross-check)",
     )
-    parser.add_argument(
+    options.add_argument(
         "--no-floor", action="store_true", help="skip the plain Celery chain (the floor)"
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="5 runs of each kind, no pg_stat cross-check"
-    )
-    parser.add_argument("--check", action="store_true", help="exit 1 when the target is missed")
-    args = parser.parse_args(argv)
+    args = options.parse_args(argv)
     if args.runs is None:
         args.runs = 5 if args.quick else 20
     if args.stats_wait is None:
         args.stats_wait = 0.0 if args.quick else STATS_WAIT
     if args.steps < 2 or args.runs < 1 or args.concurrent < 1:
-        parser.error("--steps must be 2 or more, --runs and --concurrent 1 or more")
+        options.error("--steps must be 2 or more, --runs and --concurrent 1 or more")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    database = BenchDatabases(args.pg_url, (DATABASE,))
-    flush(args.redis_url)
-    database.create()
-    work = Path(tempfile.mkdtemp(prefix="pikku-wfbench-"))
-    try:
-        ok, problems = measure(args, database, work)
-    finally:
-        database.drop()
-    say()
-    if problems:
-        say(f"PROBLEMS ({len(problems)}); worker log kept in {work / 'worker.log'}:")
-        for problem in problems[:20]:
-            say(f"  {problem}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+    settings = Common(rounds=1, pg_url=args.pg_url, redis_url=args.redis_url)
+    with Session("pikku-wfbench", settings, (DATABASE,)) as session:
+        session.keep_tmp = True
+        ok, problems = measure(args, session.databases, session.tmp)
+        session.problems += problems
+        if not ok:
+            session.missed.append("a workflow's per-step wall time or SQL (the table above)")
+    if not session.problems:
         say("Every run returned its step count, every step succeeded once, no mirror failures.")
-    return 1 if (args.check and not ok) or problems else 0
+    return session.finish(check=bool(args.check))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The Celery app of the workflow benchmark: one no-op step as a workflow, a chain and plain Celery.
 
-``celery -A bench.workflow.app worker`` builds it from ``WFBENCH_*``
+``celery -A bench.workflow.app worker`` builds it from ``BENCH_*``
 environment variables at import, and counts its pool children's SQL.
 """
 
@@ -16,12 +16,11 @@ from typing import Any, Final
 from celery import Celery
 
 from bench.harness.broker import redis_client
+from bench.harness.workers import BROKER_ENV, DATABASE_ENV
 from bench.workflow.sql_counts import install_worker_counter
 from pikku_celery import PikkuCelery, Workflow
 
-BROKER_ENV: Final = "WFBENCH_BROKER_URL"
-DATABASE_ENV: Final = "WFBENCH_DATABASE_URL"
-COUNT_DIR_ENV: Final = "WFBENCH_COUNT_DIR"
+COUNT_DIR_ENV: Final = "BENCH_COUNT_DIR"
 
 TASK_NAME: Final = "bench.workflow.inc"
 PLAIN_TASK_NAME: Final = "bench.workflow.plain_inc"
