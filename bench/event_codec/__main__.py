@@ -15,16 +15,16 @@ the median round's CPU microseconds per event.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from bench.event_codec import before
+from bench.harness.options import parser
 from bench.harness.report import say, table
 from bench.harness.turns import alternated
 from pikku_celery.mirror import events as now
@@ -176,11 +176,16 @@ def sides() -> list[Side]:
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+def main(argv: Sequence[str] | None = None) -> None:
+    options = parser(
+        "event_codec",
+        __doc__.split("\n\n")[0],
+        quick="2,000 tasks, 2 rounds",
+        rounds=(5, 2, "the sides' order alternates; the median is reported"),
+        check=None,
+    )
+    options.size("--tasks", 20_000, 2_000, "lone tasks a round")
+    args = options.read(argv)
     compared = sides()
     figures = {side.name: Figures([], [], []) for side in compared}
     for turn in range(args.rounds):

@@ -12,7 +12,30 @@ from collections.abc import Callable, Collection, Sequence
 
 from bench.harness.postgres import DEFAULT_PG_URL, PG_URL_ENV
 
-__all__ = ["at_least_one", "comma_list", "parser"]
+__all__ = ["BenchParser", "comma_list", "parser"]
+
+
+class BenchParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose counts have a full and a ``--quick`` default."""
+
+    def __init__(self, prog: str, description: str) -> None:
+        super().__init__(prog=prog, description=description)
+        self._sizes: dict[str, tuple[int, int]] = {}
+
+    def size(self, option: str, full: int, quick: int, what: str) -> None:
+        """``option``, a count of at least 1: ``full`` unless given, ``quick`` with --quick."""
+        self.add_argument(option, type=int, help=f"{what} (default {full:,}, --quick {quick:,})")
+        self._sizes[option.removeprefix("--").replace("-", "_")] = (full, quick)
+
+    def read(self, argv: Sequence[str] | None) -> argparse.Namespace:
+        """The parsed options, each count given or defaulted (refused below 1)."""
+        args = self.parse_args(argv)
+        for name, (full, quick) in self._sizes.items():
+            if getattr(args, name) is None:
+                setattr(args, name, quick if args.quick else full)
+            if getattr(args, name) < 1:
+                self.error(f"--{name.replace('_', '-')} must be at least 1")
+        return args
 
 
 def parser(
@@ -22,17 +45,18 @@ def parser(
     quick: str,
     databases: Sequence[str] = (),
     redis_url: str | None = None,
-    rounds: str | None = None,
+    rounds: tuple[int, int, str] | None = None,
     check: str | None = "exit 1 when a target is missed, too",
-) -> argparse.ArgumentParser:
+) -> BenchParser:
     """The parser of ``python -m bench.<bench>`` with the options it shares.
 
     ``databases`` are the ones it makes on the PostgreSQL server (none: no
     ``--pg-url``); ``redis_url`` the default of ``--redis-url`` (None: no
     Redis; ``bench.harness.broker.DEFAULT_REDIS_URL`` reads ``$PIKKU_BENCH_REDIS_URL``);
-    ``rounds`` and ``check`` the help of those options (None: not taken).
+    ``rounds`` the full and quick rounds and what is kept of them; ``check``
+    the help of ``--check`` (None: not taken).
     """
-    made = argparse.ArgumentParser(prog=f"python -m bench.{bench}", description=description)
+    made = BenchParser(f"python -m bench.{bench}", description)
     if databases:
         made.add_argument(
             "--pg-url",
@@ -49,7 +73,8 @@ def parser(
             "this database is flushed",
         )
     if rounds is not None:
-        made.add_argument("--rounds", type=int, help=rounds)
+        full, quick_rounds, kept = rounds
+        made.size("--rounds", full, quick_rounds, f"rounds; {kept}")
     made.add_argument("--quick", action="store_true", help=quick)
     if check is not None:
         made.add_argument("--check", action="store_true", help=check)
@@ -66,10 +91,3 @@ def comma_list(choices: Collection[str]) -> Callable[[str], tuple[str, ...]]:
         return names
 
     return parse
-
-
-def at_least_one(**counts: int) -> None:
-    """Refuse a count below 1, naming its option (``--tasks`` for ``tasks=``)."""
-    low = [f"--{name.replace('_', '-')}" for name, value in counts.items() if value < 1]
-    if low:
-        raise SystemExit(f"{' and '.join(low)} must be at least 1")

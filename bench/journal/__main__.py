@@ -11,17 +11,17 @@ same for both (and printed on its own).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sqlite3
 import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, Protocol
 
+from bench.harness.options import parser
 from pikku_celery.mirror.events import AttemptStarted, encode
 from pikku_celery.mirror.journal import Journal
 
@@ -90,11 +90,16 @@ def encode_cost(appends: int) -> float:
     return (time.perf_counter() - start) / appends * 1e6
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--appends", type=int, default=50_000)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+def main(argv: Sequence[str] | None = None) -> None:
+    options = parser(
+        "journal",
+        __doc__.split("\n\n")[0],
+        quick="5,000 appends, 2 rounds",
+        rounds=(5, 2, "the median is reported"),
+        check=None,
+    )
+    options.size("--appends", 50_000, 5_000, "appends a round")
+    args = options.read(argv)
     sides: dict[str, Callable[[Path], Appender]] = {
         "sqlite (before)": lambda folder: SqliteJournal(folder / "old.journal"),
         "segments (now)": lambda folder: Journal(folder / "new.journal", "bench"),

@@ -10,13 +10,15 @@ closing the mirrors costs. Plain Celery apps are the baseline.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from bench.harness.options import parser
 
 _CHILD = """
 import sys, time
@@ -49,11 +51,21 @@ def exit_seconds(count: int, url: str, mirrored: bool, journal: Path) -> float:
     return time.time() - float(out.stdout.split()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--installs", type=int, nargs="+", default=[50, 300])
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+def main(argv: Sequence[str] | None = None) -> None:
+    options = parser(
+        "many_installs",
+        __doc__.split("\n\n")[0],
+        quick="50 installs, one round",
+        rounds=(2, 1, "the fastest exit is kept"),
+        check=None,
+    )
+    options.add_argument(
+        "--installs", type=int, nargs="+", help="installs in a process (default 50 300)"
+    )
+    args = options.read(argv)
+    args.installs = args.installs or ([50] if args.quick else [50, 300])
+    if min(args.installs) < 1:
+        options.error("--installs must be at least 1")
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'pikku.db'}"
         subprocess.run(

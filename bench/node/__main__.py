@@ -37,7 +37,7 @@ from types import FrameType
 from typing import Final
 
 from bench.harness.broker import require_empty
-from bench.harness.options import at_least_one, comma_list, parser
+from bench.harness.options import comma_list, parser
 from bench.harness.report import say
 from bench.harness.session import Session
 from bench.node.cpus import SERVER_CPU, require_cpus, servers_on, this_thread_on
@@ -60,12 +60,10 @@ def settings_from(argv: Sequence[str] | None) -> tuple[Settings, bool]:
         quick="500 tasks, 1,000 calls, one round",
         databases=DATABASES,
         redis_url=DEFAULT_REDIS_URL,
-        rounds="rounds; the best is kept (default 2, --quick 1)",
+        rounds=(2, 1, "the best is kept"),
     )
-    options.add_argument("--tasks", type=int, help="tasks per drain (default 3000, --quick 500)")
-    options.add_argument(
-        "--calls", type=int, help=".delay() calls per run (default 5000, --quick 1000)"
-    )
+    options.size("--tasks", 3000, 500, "tasks per drain")
+    options.size("--calls", 5000, 1000, ".delay() calls per run")
     options.add_argument(
         "--modes",
         type=comma_list(MODES),
@@ -78,17 +76,16 @@ def settings_from(argv: Sequence[str] | None) -> tuple[Settings, bool]:
         default=SECTIONS,
         help="drain, delay or both (default both)",
     )
-    args = options.parse_args(argv)
+    args = options.read(argv)
     settings = Settings(
-        tasks=args.tasks or (500 if args.quick else 3000),
-        calls=args.calls or (1000 if args.quick else 5000),
-        rounds=args.rounds or (1 if args.quick else 2),
+        tasks=args.tasks,
+        calls=args.calls,
+        rounds=args.rounds,
         modes=args.modes,
         sections=args.only,
         pg_url=args.pg_url,
         redis_url=args.redis_url,
     )
-    at_least_one(tasks=settings.tasks, calls=settings.calls, rounds=settings.rounds)
     return settings, bool(args.check)
 
 

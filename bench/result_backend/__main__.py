@@ -34,7 +34,7 @@ import sys
 from collections.abc import Sequence
 
 from bench.harness.broker import DEFAULT_REDIS_URL
-from bench.harness.options import at_least_one, comma_list, parser
+from bench.harness.options import comma_list, parser
 from bench.harness.session import Session
 from bench.result_backend.app import BACKENDS, BY_KEY, DATABASES
 from bench.result_backend.report import (
@@ -60,7 +60,7 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
         f"{QUICK['chord']} header tasks, {QUICK['expiry']:,} expired rows",
         databases=DATABASES,
         redis_url=DEFAULT_REDIS_URL,
-        rounds="rounds; the best is kept (default 2, --quick 1)",
+        rounds=(2, 1, "the best is kept"),
         check=None,
     )
     options.add_argument(
@@ -76,11 +76,11 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
         "how much of get()'s latency is the wait for the worker's next flush",
     )
     options.add_argument("--skip-expiry", action="store_true", help="no cleanup() timing")
-    args = options.parse_args(argv)
+    args = options.read(argv)
     backends = tuple(b for b in BACKENDS if b.key in args.backends)
     expiry = () if args.skip_expiry else tuple(b for b in backends if b.key in EXPIRY_BACKENDS)
     settings = Settings(
-        rounds=args.rounds or (1 if args.quick else 2),
+        rounds=args.rounds,
         counts=dict(QUICK if args.quick else FULL),
         backends=backends,
         expiry=expiry,
@@ -88,7 +88,6 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
         redis_url=args.redis_url,
         flush_interval=args.pikku_flush_interval,
     )
-    at_least_one(rounds=settings.rounds)
     return settings
 
 

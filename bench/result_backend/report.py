@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from bench.harness.cpu import PARTS
-from bench.harness.report import fmt, say, table
+from bench.harness.report import best as pick
+from bench.harness.report import fmt, ratio, say, table
 from bench.result_backend.runs import Run, Settings
 
 PART_SHORT: Final = {
@@ -33,9 +34,10 @@ def elapsed(run: Run) -> float:
 
 def best(runs: Sequence[Run], backend: str, measure: str) -> Run | None:
     """The backend's best run of ``measure``: the shortest (for latency, the lowest p50)."""
-    matching = [run for run in runs if (run.backend, run.measure) == (backend, measure)]
-    key: Callable[[Run], float] = p50 if measure == "latency" else elapsed
-    return min(matching, key=key) if matching else None
+    time: Callable[[Run], float] = p50 if measure == "latency" else elapsed
+    return pick(
+        runs, lambda run: (run.backend, run.measure) == (backend, measure), lambda run: -time(run)
+    )
 
 
 def every(runs: Sequence[Run], backend: str, measure: str, figure: Callable[[Run], str]) -> str:
@@ -153,12 +155,6 @@ def report_expiry(runs: Sequence[Run], settings: Settings) -> None:
     table(["backend", "ms", "every round", "client ms/1k rows", "pg ms/1k rows"], rows)
 
 
-def _ratio(top: Run | None, bottom: Run | None, figure: Callable[[Run], float]) -> str:
-    if top is None or bottom is None or not figure(bottom):
-        return "n/a"
-    return f"{figure(top) / figure(bottom):.2f}"
-
-
 def report_ratios(runs: Sequence[Run], settings: Settings) -> None:
     """pikku against each other backend: above 1 is pikku better on throughput, worse on times."""
     others = [b for b in settings.backends if b.key != "pikku"]
@@ -178,5 +174,7 @@ def report_ratios(runs: Sequence[Run], settings: Settings) -> None:
         mine = best(runs, "pikku", measure)
         if mine is None:
             continue
-        rows.append([label, *(_ratio(mine, best(runs, b.key, measure), figure) for b in others)])
+        rows.append(
+            [label, *(fmt(ratio(mine, best(runs, b.key, measure), figure)) for b in others)]
+        )
     table(["figure", *(f"pikku/{b.key}" for b in others)], rows)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from bench.harness.postgres import DEFAULT_PG_URL, PG_URL_ENV
+from bench.harness import options
 from bench.harness.report import say
 from bench.store.batches import BatchThroughput, measure_batches, profile_batches
 from bench.store.index import IndexCheck, measure_index
@@ -44,16 +44,14 @@ SECTIONS: Final = ("batch", "index")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.store",
-        description="The mirror's group commits against the raw-driver floor, and the cost "
+    parser = options.parser(
+        "store",
+        "The mirror's group commits against the raw-driver floor, and the cost "
         "of a transition and of get_step_state at 1k vs 1M attempt rows.",
-    )
-    parser.add_argument(
-        "--pg-url",
-        default=DEFAULT_PG_URL,
-        help=f"a PostgreSQL server to bench on (default: ${PG_URL_ENV} or the local server); "
-        f"the bench creates and drops its own databases {MAIN} and {BIG} there",
+        quick="small numbers, under a minute",
+        databases=(MAIN, BIG),
+        rounds=(5, 3, "the median is reported"),
+        check="exit 1 when a target is missed",
     )
     parser.add_argument(
         "--sqlite-path",
@@ -68,19 +66,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="batch: group commits (apply_batch and the mirror); index: 1k vs 1M attempt rows",
     )
     parser.add_argument("--batch-size", type=int, help="lone tasks per group commit (default 100)")
-    parser.add_argument("--tasks", type=int, help="lone tasks per side per round (batch)")
-    parser.add_argument("--rounds", type=int, help="throughput rounds; the median is reported")
-    parser.add_argument("--big-rows", type=int, help="attempt rows for the large index sample")
-    parser.add_argument("--quick", action="store_true", help="small numbers, under a minute")
+    parser.size("--tasks", 3000, 500, "lone tasks per side per round (batch)")
+    parser.size("--big-rows", 1_000_000, 100_000, "attempt rows for the large index sample")
     parser.add_argument("--only", choices=("postgresql", "sqlite"), help="bench one database")
     parser.add_argument(
         "--skip-index", action="store_true", help="leave the index check out of --section all"
     )
-    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument(
         "--profile", action="store_true", help="also profile apply_batch (cProfile)"
     )
-    return parser.parse_args(argv)
+    return parser.read(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

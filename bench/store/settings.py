@@ -20,16 +20,14 @@ class Settings:
 def settings_from(args: argparse.Namespace) -> Settings:
     quick = bool(args.quick)
     settings = Settings(
-        rounds=args.rounds or (3 if quick else 5),
+        rounds=args.rounds,
         small_rows=1000,
-        big_rows=args.big_rows or (100_000 if quick else 1_000_000),
+        big_rows=args.big_rows,
         probe_steps=100 if quick else 300,
         profile=bool(args.profile),
         batch_size=args.batch_size or 100,
-        batch_tasks=args.tasks or (500 if quick else 3000),
+        batch_tasks=args.tasks,
     )
-    if settings.rounds < 1:
-        raise SystemExit("--rounds must be at least 1")
     if settings.batch_size < 2 or settings.batch_tasks < settings.batch_size:
         raise SystemExit("--batch-size must be at least 2 and --tasks at least --batch-size")
     if settings.big_rows < 10 * settings.small_rows:

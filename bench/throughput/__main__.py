@@ -46,7 +46,7 @@ import sys
 from collections.abc import Sequence
 
 from bench.harness.broker import DEFAULT_REDIS_URL
-from bench.harness.options import at_least_one, comma_list, parser
+from bench.harness.options import comma_list, parser
 from bench.harness.session import Session
 from bench.throughput.app import MIRROR_DATABASE, RESULTS_DATABASE
 from bench.throughput.pools import POOLS
@@ -64,24 +64,23 @@ def settings_from(argv: Sequence[str] | None) -> tuple[Settings, bool]:
         quick="200 tasks, one round, prefork",
         databases=(MIRROR_DATABASE, RESULTS_DATABASE),
         redis_url=DEFAULT_REDIS_URL,
-        rounds="rounds; the best is kept (default 2, --quick 1)",
+        rounds=(2, 1, "the best is kept"),
     )
-    options.add_argument("--tasks", type=int, help="tasks per run (default 2000, --quick 200)")
+    options.size("--tasks", 2000, 200, "tasks per run")
     options.add_argument(
         "--pools",
         type=comma_list(POOLS),
         help="worker pools, some of prefork,threads,solo (default all three, --quick prefork); "
         "prefork runs every scenario, threads and solo (a), (b), (c) with no-op tasks",
     )
-    args = options.parse_args(argv)
+    args = options.read(argv)
     settings = Settings(
-        tasks=args.tasks or (200 if args.quick else 2000),
-        rounds=args.rounds or (1 if args.quick else 2),
+        tasks=args.tasks,
+        rounds=args.rounds,
         pools=args.pools or (("prefork",) if args.quick else tuple(POOLS)),
         pg_url=args.pg_url,
         redis_url=args.redis_url,
     )
-    at_least_one(tasks=settings.tasks, rounds=settings.rounds)
     return settings, bool(args.check)
 
 

@@ -148,9 +148,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         check="exit 1 when the target is missed",
     )
     options.add_argument("--steps", type=int, default=20, help="steps per run (default 20)")
-    options.add_argument(
-        "--runs", type=int, help="measured runs of each kind (default 20; 5 with --quick)"
-    )
+    options.size("--runs", 20, 5, "measured runs of each kind")
     options.add_argument(
         "--concurrent", type=int, default=1, help="runs in flight at once (default 1)"
     )
@@ -163,13 +161,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     options.add_argument(
         "--no-floor", action="store_true", help="skip the plain Celery chain (the floor)"
     )
-    args = options.parse_args(argv)
-    if args.runs is None:
-        args.runs = 5 if args.quick else 20
+    args = options.read(argv)
     if args.stats_wait is None:
         args.stats_wait = 0.0 if args.quick else STATS_WAIT
-    if args.steps < 2 or args.runs < 1 or args.concurrent < 1:
-        options.error("--steps must be 2 or more, --runs and --concurrent 1 or more")
+    if args.steps < 2 or args.concurrent < 1:
+        options.error("--steps must be 2 or more, --concurrent 1 or more")
     return args
 
 
