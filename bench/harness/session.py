@@ -23,23 +23,29 @@ from bench.harness.postgres import BenchDatabases
 from bench.harness.report import say
 from bench.harness.workers import BROKER_ENV, DATABASE_ENV, clean_env, mirror_failures
 
-__all__ = ["Common", "Runner", "Session"]
+__all__ = ["Common", "Runner", "Servers", "Session"]
 
 
 @dataclass(frozen=True)
-class Common:
+class Servers:
+    """Where a bench makes its databases and finds its broker."""
+
+    pg_url: str
+    redis_url: str
+
+
+@dataclass(frozen=True)
+class Common(Servers):
     """The settings every Celery bench takes; each bench's ``Settings`` adds its own."""
 
     rounds: int
-    pg_url: str
-    redis_url: str
 
 
 class Session:
     """A bench's databases on ``pg_url``'s server and its scratch folder, for a ``with``."""
 
     def __init__(
-        self, prefix: str, settings: Common, databases: Sequence[str], *, create: bool = True
+        self, prefix: str, settings: Servers, databases: Sequence[str], *, create: bool = True
     ) -> None:
         self.started = time.perf_counter()
         self.redis_url = settings.redis_url

@@ -60,7 +60,7 @@ from bench.harness.broker import DEFAULT_REDIS_URL
 from bench.harness.options import parser
 from bench.harness.postgres import BenchDatabases
 from bench.harness.report import say
-from bench.harness.session import Common, Session
+from bench.harness.session import Servers, Session
 from bench.harness.workers import (
     BROKER_ENV,
     DATABASE_ENV,
@@ -171,7 +171,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    settings = Common(rounds=1, pg_url=args.pg_url, redis_url=args.redis_url)
+    settings = Servers(pg_url=args.pg_url, redis_url=args.redis_url)
     with Session("pikku-wfbench", settings, (DATABASE,)) as session:
         session.keep_tmp = True
         ok, problems = measure(args, session.databases, session.tmp)
