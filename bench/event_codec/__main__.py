@@ -182,7 +182,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         __doc__.split("\n\n")[0],
         quick="2,000 tasks, 2 rounds",
         rounds=(5, 2, "the sides' order alternates; the median is reported"),
-        check=None,
     )
     options.size("--tasks", 20_000, 2_000, "lone tasks a round")
     args = options.read(argv)

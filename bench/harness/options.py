@@ -46,7 +46,7 @@ def parser(
     databases: Sequence[str] = (),
     redis_url: str | None = None,
     rounds: tuple[int, int, str] | None = None,
-    check: str | None = "exit 1 when a target is missed, too",
+    check: str | None = None,
 ) -> BenchParser:
     """The parser of ``python -m bench.<bench>`` with the options it shares.
 
@@ -54,7 +54,7 @@ def parser(
     ``--pg-url``); ``redis_url`` the default of ``--redis-url`` (None: no
     Redis; ``bench.harness.broker.DEFAULT_REDIS_URL`` reads ``$PIKKU_BENCH_REDIS_URL``);
     ``rounds`` the full and quick rounds and what is kept of them; ``check``
-    the help of ``--check`` (None: not taken).
+    the help of ``--check`` (None: no such option).
     """
     made = BenchParser(f"python -m bench.{bench}", description)
     if databases:

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Generic, TypeVar
 
 from bench.harness.broker import flush
+from bench.harness.mirror import check_run
 from bench.harness.postgres import BenchDatabases
 from bench.harness.report import say
 from bench.harness.workers import BROKER_ENV, DATABASE_ENV, clean_env, mirror_failures
@@ -134,6 +135,13 @@ class Runner(Generic[S]):
         if database_url is not None:
             env[DATABASE_ENV] = database_url
         return clean_env(env)
+
+    def check_mirror(self, url: str, run: str, tasks: int, attempts_per_step: int) -> str:
+        """What the mirror recorded of the run, a problem unless it is every task's."""
+        check = check_run(url, run, tasks, attempts_per_step)
+        if not check.ok:
+            self.problems.append(f"{run}: {check.describe()}")
+        return check.describe()
 
     def check_log(self, run: str, log: Path, *also: str, more: Sequence[str] = ()) -> None:
         """A problem for a run whose worker logged a mirror failure (or ``also``, or has

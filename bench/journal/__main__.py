@@ -96,7 +96,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         __doc__.split("\n\n")[0],
         quick="5,000 appends, 2 rounds",
         rounds=(5, 2, "the median is reported"),
-        check=None,
     )
     options.size("--appends", 50_000, 5_000, "appends a round")
     args = options.read(argv)

@@ -57,7 +57,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         __doc__.split("\n\n")[0],
         quick="50 installs, one round",
         rounds=(2, 1, "the fastest exit is kept"),
-        check=None,
     )
     options.add_argument(
         "--installs", type=int, nargs="+", help="installs in a process (default 50 300)"

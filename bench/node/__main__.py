@@ -5,26 +5,11 @@ Run from the project root, as root (it pins the PostgreSQL and Redis servers)::
     python -m bench.node            # 3,000 tasks, 5,000 calls, best of 2
     python -m bench.node --quick    # 500 tasks, 1,000 calls, one round
 
-Two measures, each a ratio of the mirror to plain Celery in the same run, the
-modes taking turns in an order reversed every other round:
-
-1. **Drain**: a run's tasks (no-op, and tasks that retry once) are queued
-   while no worker runs; then ``celery worker -P prefork -c 2`` starts on
-   CPU 0 alone, with PostgreSQL, Redis, the publisher and this process on
-   CPU 1. The drain is timed from the first task to the last done (for the
-   mirror: until SQL shows every step succeeded). Also against Celery's Redis
-   and ``db+postgresql`` result backends. Targets: mirror/plain >= 0.95,
-   mirror/Redis >= 1.2, mirror/db+ >= 3.5.
-2. **.delay()**: one publisher process on CPU 0 calls ``.delay()`` in a loop;
-   the mirror's flusher thread runs beside it as in a web app. Calls per
-   second and the publisher's CPU per call. Target: mirror/plain >= 0.9.
-
-CPU per task or call by process is read from ``/proc``. The apps are the
-Celery bench's (``bench.throughput.app``, through ``bench.node.app``). The bench
-creates and drops its own databases (``pikku_bench_node_mirror``,
-``pikku_bench_node_results``) and flushes its own Redis database (8 unless
-``--redis-url`` says otherwise, and empty at the start) before each run. The servers get their CPUs
-back however the bench ends.
+The drain of a full queue by ``celery worker -P prefork -c 2`` on CPU 0 alone (the servers,
+the publisher and this process on CPU 1), against plain Celery and Celery's Redis and
+``db+`` result backends, and ``.delay()`` in one publisher process. Method, targets and
+figures: ``bench/README.md``, "Node benchmark". The servers get their CPUs back however
+the bench ends.
 """
 
 from __future__ import annotations
@@ -61,6 +46,7 @@ def settings_from(argv: Sequence[str] | None) -> tuple[Settings, bool]:
         databases=DATABASES,
         redis_url=DEFAULT_REDIS_URL,
         rounds=(2, 1, "the best is kept"),
+        check="exit 1 when a target is missed, too",
     )
     options.size("--tasks", 3000, 500, "tasks per drain")
     options.size("--calls", 5000, 1000, ".delay() calls per run")

@@ -24,17 +24,16 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from bench.harness.cpu import cpu_delta, cpu_snapshot
+from bench.harness.delivery import delivery_snapshot, wait_written
 from bench.node.threads import SIDE_THREADS, side_threads_cpu
 from bench.throughput.app import (
     BY_KEY,
     SCENARIO_ENV,
     VARIANTS,
     bench_app,
-    delivery_snapshot,
     task_name,
     warm_key,
 )
-from bench.throughput.publisher import wait_written
 
 # The mirror writes 3,000 publishes in a few seconds; a minute means it is stuck.
 WRITTEN_TIMEOUT: Final = 60.0
@@ -61,7 +60,7 @@ def _written() -> None:
     """Until the mirror has written every publish: one left behind would be written by the
     worker's node flusher, and charged to the drain."""
     assert bench_app is not None
-    wait_written(bench_app, WRITTEN_TIMEOUT)
+    wait_written(bench_app.pikku, WRITTEN_TIMEOUT)
     snapshot = delivery_snapshot(bench_app.pikku) if bench_app.pikku is not None else None
     if snapshot is not None and snapshot["written"] < snapshot["appended"]:
         raise SystemExit(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -26,6 +25,8 @@ import sqlalchemy as sa
 
 from bench.harness.broker import redis_client
 from bench.harness.cpu import cpu_delta, cpu_snapshot
+from bench.harness.delivery import Delivery, load_delivery
+from bench.harness.mirror import check_published, clear_mirror, wait_succeeded
 from bench.harness.report import say
 from bench.harness.session import Common, Runner
 from bench.harness.turns import alternated
@@ -42,8 +43,7 @@ from bench.throughput.app import (
     VARIANTS,
 )
 from bench.throughput.pools import POOLS
-from bench.throughput.publisher import MIN_TASKS_PER_SECOND, wait_done, wait_settled
-from bench.throughput.runs import Delivery, check_mirror, clear_mirror, load_delivery, run_key_sql
+from bench.throughput.publisher import MIN_TASKS_PER_SECOND, SETTLE_TIMEOUT, wait_done
 
 MODES: Final = ("plain", "mirror", "redis", "db")
 MODE_LABELS: Final = {
@@ -146,44 +146,6 @@ class DelayRun:
         return self.loop_threads * 1e6 / self.calls
 
 
-def check_published(url: str, run: str, calls: int) -> tuple[bool, str]:
-    """What the mirror recorded of a run's published, never executed tasks: a step and a
-    run each, every step scheduled (its message is out, no worker took it)."""
-    engine = sa.create_engine(url)
-    dialect = engine.dialect.name
-    try:
-        with engine.connect() as conn:
-            statuses = Counter(
-                {
-                    str(status): int(count)
-                    for status, count in conn.execute(
-                        sa.text(
-                            "SELECT status, count(*) FROM workflow_step "
-                            f"WHERE {run_key_sql('data', dialect)} = :run GROUP BY status"
-                        ),
-                        {"run": run},
-                    ).all()
-                }
-            )
-            runs = int(
-                conn.execute(
-                    sa.text(
-                        "SELECT count(*) FROM workflow_runs "
-                        f"WHERE {run_key_sql('input', dialect)} = :run"
-                    ),
-                    {"run": run},
-                ).scalar_one()
-            )
-    finally:
-        engine.dispose()
-    ok = statuses == Counter({"scheduled": calls}) and runs == calls
-    by_status = ", ".join(f"{count} {status}" for status, count in sorted(statuses.items()))
-    return (
-        ok,
-        f"{calls} calls: {by_status or 'no steps'}, {runs} runs: {'ok' if ok else 'MISMATCH'}",
-    )
-
-
 @contextmanager
 def pinned_worker(
     env: Mapping[str, str], name: str, log: Path
@@ -228,7 +190,7 @@ class NodeBench(Runner[Settings]):
     def _settled(self, url: str, run: str, tasks: int) -> float:
         engine = sa.create_engine(url, pool_size=1)
         try:
-            return wait_settled(engine, run, tasks)
+            return wait_succeeded(engine, tasks, SETTLE_TIMEOUT, run)
         finally:
             engine.dispose()
 
@@ -264,10 +226,7 @@ class NodeBench(Runner[Settings]):
             first.stop()
         check = None
         if mode == "mirror" and url is not None:
-            mirror_check = check_mirror(url, run, tasks, variant)
-            check = mirror_check.describe()
-            if not mirror_check.ok:
-                self.problems.append(f"{run}: {check}")
+            check = self.check_mirror(url, run, tasks, ATTEMPTS[variant])
         self.check_log(run, log)
         result = DrainRun(
             mode,

@@ -5,27 +5,11 @@ Run from the project root::
     python -m bench.result_backend            # best of 2 rounds
     python -m bench.result_backend --quick    # one round, smaller counts
 
-Backends, each with ``task_track_started`` and ``result_extended``, on a real
-``celery worker -P prefork -c 2`` with a Redis broker (``bench.result_backend.app``):
-Celery's Redis backend, Celery's SQLAlchemy backend (``db+postgresql://``),
-pikku (``@pikku.step`` tasks, so each is a mirrored step too) and
-django-celery-results (``django-db``, Django configured in code). Measures,
-the backends taking turns in an order that changes each round:
-
-1. drain: N no-op tasks published one ``apply_async`` each by the client
-   process, until the backend says every result is ready (for pikku also
-   until SQL shows every step succeeded); tasks/s and CPU ms per task by
-   process from ``/proc``;
-2. ``get()`` latency: ``add.delay(i, i).get()`` K times in a row on an idle
-   worker; p50, p90, p99;
-3. a chord of ``add`` headers and a ``total`` body, ``apply_async()`` to the
-   body's value (Celery's SQLAlchemy backend has no native chords: its body
-   waits on ``celery.chord_unlock``, a task retried every second);
-4. expiry: ``backend.cleanup()`` (what ``celery.backend_cleanup`` calls)
-   removing expired results loaded straight into the backend's table.
-
-The bench creates and drops its own databases on the PostgreSQL server and
-flushes its Redis database before each run.
+Celery's Redis and SQLAlchemy (``db+``) backends, pikku and django-celery-results (the
+``bench`` extra), each on a fresh ``celery worker -P prefork -c 2`` (``bench.result_backend.app``)
+and client process (``bench.result_backend.client``): drain throughput, ``get()`` latency,
+a large chord and ``cleanup()`` of expired results. Method and figures: ``bench/README.md``,
+"Result backend benchmark".
 """
 
 from __future__ import annotations
@@ -61,7 +45,6 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
         databases=DATABASES,
         redis_url=DEFAULT_REDIS_URL,
         rounds=(2, 1, "the best is kept"),
-        check=None,
     )
     options.add_argument(
         "--backends",

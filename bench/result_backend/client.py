@@ -23,6 +23,7 @@ from celery.result import AsyncResult
 
 from bench.harness.broker import DEFAULT_REDIS_URL
 from bench.harness.cpu import cpu_delta, cpu_snapshot
+from bench.harness.mirror import succeeded_steps, wait_succeeded
 from bench.harness.workers import BROKER_ENV, DATABASE_ENV
 from bench.result_backend.app import (
     ADD,
@@ -62,23 +63,6 @@ def wait_ready(results: Sequence[AsyncResult[Any]], timeout: float) -> None:
             time.sleep(POLL)
 
 
-def succeeded_steps(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        count = conn.exec_driver_sql(
-            "SELECT count(*) FROM workflow_step WHERE status = 'succeeded'"
-        ).scalar_one()
-    return int(count)
-
-
-def wait_steps(engine: sa.Engine, total: int, timeout: float) -> None:
-    """Until the mirror shows ``total`` steps succeeded (pikku only)."""
-    deadline = time.monotonic() + timeout
-    while (count := succeeded_steps(engine)) < total:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"SQL shows {count}/{total} steps succeeded after {timeout:.0f} s")
-        time.sleep(POLL)
-
-
 def drain(app: Celery, count: int, worker_pid: int, engine: sa.Engine | None) -> dict[str, Any]:
     """Publish ``count`` no-op tasks one ``apply_async`` each; the time until all are ready."""
     noop = app.tasks[NOOP]
@@ -93,7 +77,7 @@ def drain(app: Celery, count: int, worker_pid: int, engine: sa.Engine | None) ->
     wait_ready(results, timeout)
     ready = time.perf_counter() - clock
     if engine is not None:
-        wait_steps(engine, steps + count, timeout)
+        wait_succeeded(engine, steps + count, timeout)
     elapsed = time.perf_counter() - clock
     after = cpu_snapshot(worker_pid, DATABASES)
     wrong = [r.id for r in results if r.result is not None or r.state != "SUCCESS"]

@@ -6,21 +6,10 @@ Run from the project root::
     python -m bench.store --quick            # small numbers, under a minute
     python -m bench.store --section batch    # only the group commits
 
-``batch``: the mirror's group commits. A batch is B lone tasks (see
-``bench.store.lone_tasks``). Three paths take turns: ``apply_batch`` with the
-batches prebuilt; the mirror end to end (every signal's event journaled, then
-``flush()``: decoding, planning, ``apply_batch``, journal clean-up); and the
-floor, the DBAPI calls of one ``apply_batch`` replayed per batch in one
-transaction with fresh ids and times prepared before the clock starts. A task
-counts as three transitions: publish, running, succeeded.
-
-``index``: one transition as the mirror writes it at low load (a batch of
-one) and one ``get_step_state``, with about a thousand attempt rows in
-``workflow_step_history`` and again with about a million, and the query plans
-of the statements involved.
-
-The bench creates and drops its own databases (``pikku_bench`` and
-``pikku_bench_big`` on the PostgreSQL server, fresh files for SQLite).
+``batch``: the mirror's group commits (``apply_batch``, and the mirror end to end)
+against the same DBAPI calls replayed on the raw driver. ``index``: one transition and
+one ``get_step_state`` at about a thousand and about a million attempt rows, and the
+query plans. Method, targets and figures: ``bench/README.md``, "Store benchmark".
 """
 
 from __future__ import annotations

@@ -5,39 +5,11 @@ Run from the project root::
     python -m bench.throughput            # 2,000 tasks per run, best of 2, three pools
     python -m bench.throughput --quick    # 200 tasks, one round, prefork only
 
-Every run starts its own ``celery worker`` on Redis (``-P prefork -c 2`` unless
-said otherwise; the app is ``bench.throughput.app``) and a separate publisher
-process (``bench.throughput.publisher``), both built from the scenario's
-environment, so no run carries another's signal handlers:
-
-* (a) ``plain``: plain Celery tasks, no result backend, no task events;
-* (a+e) ``plain_events``: (a) with ``worker_send_task_events`` and
-  ``task_send_sent_event`` on;
-* (b) ``dbbackend``: Celery's SQLAlchemy result backend on PostgreSQL
-  (``task_track_started``, ``result_extended``);
-* (c) ``pikku``: ``@pikku.step`` tasks mirrored into PostgreSQL, task events off;
-* (c+e) ``pikku_events``: (c) with the two task-event settings on;
-* (d) ``redisbackend``: Celery's Redis result backend (``task_track_started``,
-  ``result_extended``);
-* (s) ``pikku_sqlite``: the mirror's embedded default, a SQLite file.
-
-Each with no-op tasks and with tasks that retry once; the threads and solo
-pools run (a), (b) and (c) with no-op tasks. A task of (a), (b) or (d) counts as
-done in ``task_postrun`` of its successful execution. A mirrored run counts as
-done only when SQL shows every step ``succeeded``: once the worker has counted
-its last task the publisher polls the mirror database, and the run ends at the
-first poll that sees them all. Both processes warm up with a few tasks first.
-
-For every run the bench reports CPU milliseconds per task by process
-(publisher, worker main process, pool children, PostgreSQL, Redis), read from
-``/proc``; for PostgreSQL scenarios the SQL commits per task (``xact_commit`` of
-the scenario's database across the worker's life); and for mirrored runs what
-the mirror says of its own delivery (``mirror.stats()``): events
-appended and written, batches committed, and the lag from each event to the
-commit of its batch, merged over the publisher and every worker process.
-
-The bench creates and drops its own databases (``pikku_bench_mirror``,
-``pikku_bench_results``) and flushes its own Redis database before each run.
+Plain Celery (with and without task events), Celery's SQLAlchemy and Redis result
+backends, and the mirror on PostgreSQL (with and without task events) and SQLite, each run
+with a fresh ``celery worker`` (``bench.throughput.app``) and publisher process
+(``bench.throughput.publisher``). Scenarios, method, targets and figures:
+``bench/throughput/results.md``.
 """
 
 from __future__ import annotations
@@ -65,6 +37,7 @@ def settings_from(argv: Sequence[str] | None) -> tuple[Settings, bool]:
         databases=(MIRROR_DATABASE, RESULTS_DATABASE),
         redis_url=DEFAULT_REDIS_URL,
         rounds=(2, 1, "the best is kept"),
+        check="exit 1 when a target is missed, too",
     )
     options.size("--tasks", 2000, 200, "tasks per run")
     options.add_argument(

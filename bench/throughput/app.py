@@ -7,7 +7,6 @@ both sides carry exactly the scenario's settings and signal handlers.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any, Final
 from celery import Celery, signals
 
 from bench.harness.broker import DEFAULT_REDIS_URL, redis_client
+from bench.harness.delivery import StatsRecorder
 from bench.harness.workers import BROKER_ENV, DATABASE_ENV
 from pikku_celery import PikkuCelery
 
@@ -79,86 +79,6 @@ def _count_done(sender: Any = None, args: Any = None, state: str | None = None, 
     client = redis_client(sender.app.conf.broker_url)
     if client.incr(run) == total:
         client.rpush(done_key(run), repr(time.time()))
-
-
-def delivery_snapshot(pikku: PikkuCelery) -> dict[str, Any] | None:
-    """What the mirror of this process says of its delivery; None when it cannot say."""
-    stats_of = getattr(pikku.mirror, "stats", None)
-    if stats_of is None:
-        return None
-    stats = stats_of()
-    return {
-        "appended": int(stats.appended),
-        "written": int(stats.written),
-        "batches": int(stats.batches),
-        "lags": [float(lag) for lag in stats.lags],
-    }
-
-
-class StatsRecorder:
-    """Dumps this process's delivery stats when it ends, with a mark at the timed run's start.
-
-    The mark is taken in ``task_prerun`` of the process's first task of the
-    timed run (the warm-up's run keys end in ``:warm``), so the warm-up's
-    events and the first connection stay out of the figures.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.pikku: PikkuCelery | None = None
-        self.folder = folder
-        self.marks: dict[int, dict[str, Any] | None] = {}
-
-    def snapshot(self) -> dict[str, Any] | None:
-        return delivery_snapshot(self.pikku) if self.pikku is not None else None
-
-    def mark(self) -> None:
-        if os.getpid() not in self.marks:
-            self.marks[os.getpid()] = self.snapshot()
-
-    def on_prerun(self, sender: Any = None, args: Any = None, **_: Any) -> None:
-        if os.getpid() in self.marks or not str(getattr(sender, "name", "")).startswith("bench."):
-            return
-        if args and not str(args[0]).endswith(":warm"):
-            self.mark()
-
-    def dump(self, role: str) -> None:
-        pid = os.getpid()
-        record = {
-            "role": role,
-            "pid": pid,
-            "total": self.snapshot(),
-            "mark": self.marks.get(pid),
-            "marked": pid in self.marks,
-        }
-        self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / f"{role}-{pid}.json").write_text(json.dumps(record))
-
-    def on_received(self, request: Any = None, **_: Any) -> None:
-        """A prefork main process runs no task, but writes its pool processes' events: its
-        mark is taken when it receives the timed run's first message."""
-        if os.getpid() in self.marks or not str(getattr(request, "name", "")).startswith("bench."):
-            return
-        args = getattr(request, "args", None)
-        if args and not str(args[0]).endswith(":warm"):
-            self.mark()
-
-    def install_mark(self) -> None:
-        """Connected before PikkuCelery's handlers: the mark precedes the task's first event."""
-        signals.task_prerun.connect(self.on_prerun, weak=False, dispatch_uid="bench.mark")
-        signals.task_received.connect(self.on_received, weak=False, dispatch_uid="bench.mark_main")
-
-    def install_dumps(self, pikku: PikkuCelery) -> None:
-        """Connected after PikkuCelery's handlers, so these run after the mirror's own."""
-        self.pikku = pikku
-
-        def child(**_: Any) -> None:
-            self.dump("child")
-
-        def main(**_: Any) -> None:
-            self.dump("main")
-
-        signals.worker_process_shutdown.connect(child, weak=False, dispatch_uid="bench.child")
-        signals.worker_shutdown.connect(main, weak=False, dispatch_uid="bench.main")
 
 
 @dataclass

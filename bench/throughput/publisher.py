@@ -21,6 +21,8 @@ import sqlalchemy as sa
 
 from bench.harness.broker import redis_client
 from bench.harness.cpu import cpu_delta, cpu_snapshot
+from bench.harness.delivery import wait_written
+from bench.harness.mirror import wait_succeeded
 from bench.harness.workers import DATABASE_ENV
 from bench.throughput.app import (
     ATTEMPTS,
@@ -30,19 +32,15 @@ from bench.throughput.app import (
     SCENARIO_ENV,
     VARIANTS,
     WARMUP_TASKS,
-    BenchApp,
     bench_app,
-    delivery_snapshot,
     done_key,
     task_name,
     warm_key,
 )
-from bench.throughput.runs import run_key_sql
 
 # Slow enough to mean the worker is stuck rather than slow.
 MIN_TASKS_PER_SECOND: Final = 5
 SETTLE_TIMEOUT: Final = 60.0
-SETTLE_POLL: Final = 0.005
 DATABASES: Final = (MIRROR_DATABASE, RESULTS_DATABASE)
 
 
@@ -58,47 +56,6 @@ def wait_done(client: redis.Redis, run: str, total: int, timeout: float) -> floa
     raise SystemExit(
         f"{run}: {int(count or 0)}/{total} tasks done after {timeout:.0f} s; see the worker's log"
     )
-
-
-def settled_steps(engine: sa.Engine, run: str) -> int:
-    """The run's steps SQL shows as succeeded.
-
-    Read in a transaction that is rolled back, so the poll adds nothing to the
-    database's ``xact_commit``.
-    """
-    where = run_key_sql("data", engine.dialect.name)
-    with engine.connect() as conn:
-        count = conn.execute(
-            sa.text(
-                f"SELECT count(*) FROM workflow_step WHERE status = 'succeeded' AND {where} = :r"
-            ),
-            {"r": run},
-        ).scalar_one()
-    return int(count)
-
-
-def wait_settled(engine: sa.Engine, run: str, total: int) -> float:
-    """The first time SQL shows every step of the run succeeded."""
-    deadline = time.monotonic() + SETTLE_TIMEOUT
-    count = 0
-    while time.monotonic() < deadline:
-        count = settled_steps(engine, run)
-        if count >= total:
-            return time.time()
-        time.sleep(SETTLE_POLL)
-    raise SystemExit(f"{run}: SQL shows {count}/{total} steps succeeded {SETTLE_TIMEOUT:.0f} s on")
-
-
-def wait_written(bench: BenchApp, timeout: float = 10.0) -> None:
-    """Until this process's mirror has written every event it appended (when it can say)."""
-    if bench.pikku is None:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        snapshot = delivery_snapshot(bench.pikku)
-        if snapshot is None or snapshot["written"] >= snapshot["appended"]:
-            return
-        time.sleep(0.01)
 
 
 def publish(args: argparse.Namespace) -> int:
@@ -118,7 +75,7 @@ def publish(args: argparse.Namespace) -> int:
             task.apply_async((warm, WARMUP_TASKS))
         wait_done(client, warm, WARMUP_TASKS, timeout)
         if mirror_db is not None:
-            wait_settled(mirror_db, warm, WARMUP_TASKS)
+            wait_succeeded(mirror_db, WARMUP_TASKS, SETTLE_TIMEOUT, warm)
 
         if bench_app.recorder is not None:
             bench_app.recorder.mark()
@@ -131,12 +88,13 @@ def publish(args: argparse.Namespace) -> int:
         worker_done = wait_done(client, args.run, args.tasks, timeout)
         finished = worker_done
         if mirror_db is not None:
-            finished = max(worker_done, wait_settled(mirror_db, args.run, args.tasks))
+            settled = wait_succeeded(mirror_db, args.tasks, SETTLE_TIMEOUT, args.run)
+            finished = max(worker_done, settled)
         after = cpu_snapshot(args.worker_pid, DATABASES)
     finally:
         if mirror_db is not None:
             mirror_db.dispose()
-    wait_written(bench_app)
+    wait_written(bench_app.pikku)
     if bench_app.recorder is not None:
         bench_app.recorder.dump("publisher")
     report = {

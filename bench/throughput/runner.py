@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bench.harness.delivery import load_delivery
+from bench.harness.mirror import clear_mirror
 from bench.harness.report import say
 from bench.harness.session import Common, Runner
 from bench.harness.turns import alternated
 from bench.harness.workers import BROKER_ENV, run_module_json, running_worker
 from bench.throughput.app import (
+    ATTEMPTS,
     BY_KEY,
     LOCAL_ENV,
     MATRIX,
@@ -24,7 +27,7 @@ from bench.throughput.app import (
     Scenario,
 )
 from bench.throughput.pools import POOL_LABELS, POOL_SCENARIOS, POOLS
-from bench.throughput.runs import Run, check_mirror, clear_mirror, load_delivery
+from bench.throughput.runs import Run
 from pikku_celery import WorkflowStore
 
 
@@ -73,12 +76,10 @@ class Bench(Runner[Settings]):
             args += ["--worker-pid", str(worker.pid)]
             report = run_module_json("bench.throughput.publisher", args, env)
             check = None
-            if scenario.mirror:
-                assert database_url is not None
-                mirror_check = check_mirror(database_url, run_key, self.settings.tasks, variant)
-                check = mirror_check.describe()
-                if not mirror_check.ok:
-                    self.problems.append(f"{run_key}: {check}")
+            if scenario.mirror and database_url is not None:
+                check = self.check_mirror(
+                    database_url, run_key, self.settings.tasks, ATTEMPTS[variant]
+                )
         commits = None
         if pg_database is not None and before is not None:
             commits = self.databases.commits(pg_database) - before

@@ -5,47 +5,11 @@ Run from the project root::
     python -m bench.workflow            # 20 steps, 20 runs of each kind; 65-100 s here
     python -m bench.workflow --quick    # 5 runs of each kind, no pg_stat cross-check
 
-Every kind runs a no-op step, ``inc(x) -> x + 1``, ``--steps`` times in a
-row, on one ``celery worker --pool=prefork -c 2`` with Redis as the broker
-and the mirror on PostgreSQL:
-
-* ``workflow``: ``@pikku.workflow("seq")`` doing ``x = ctx.do("inc", inc, x)``
-  in a loop, started with ``seq.start(steps)``;
-* ``chain``: ``chain(inc.s(0), inc.s(), ...)`` of the same ``@pikku.step``
-  task, published with ``pikku.run(chain, name="chain")``;
-* ``celery``: the same chain of a plain ``@app.task``, which pikku does not
-  mirror. It is not part of the target: it shows what Celery alone costs.
-
-By default one run is in flight at a time (``--concurrent 1``): a run is
-started, waited for, then the next one starts, so the figure is the latency
-of a step, not the worker's throughput. The kinds take turns run by run, in
-a rotating order, so a slow spell of the shared machine falls on every kind
-alike. A run lasts from the moment the bench calls ``start``/``run`` until
-the time the worker stamped on the write that completed the run
-(``workflow_runs.updated_at``; same host, same clock), so the backoff of the
-bench's polling does not inflate it. Two runs of each kind warm up first.
-
-SQL statements are counted with a SQLAlchemy ``before_cursor_execute``
-listener in every process that talks to the bench database: the bench
-process (publishing: ``seq.start``, ``pikku.run``) and each pool child of
-the worker (the mirror's signal handlers, the orchestrator, the step's
-duplicate check). Each statement is labelled with the ``WorkflowStore``
-method that sent it, and the time spent in it is summed (so is the time of
-each commit). ``BEGIN`` and ``COMMIT``, which psycopg sends on its own, are
-not statements here; transactions are counted separately (each autocommit
-statement, each commit). The bench's own polling for the end of a run is
-counted apart and left out of the per-step figures. CPU time comes from
-``/proc`` for the worker's processes and the bench database's backends.
-
-As a cross-check, ``pg_stat_database`` gives the transactions the server saw
-for the bench database: over the whole timed phase, then over three more
-untimed runs of each kind. Each read waits until idle backends have flushed
-their statistics, which PostgreSQL 15 does within 10 s (``--stats-wait``).
-
-The worker's app is ``bench.workflow.app``: ``celery -A bench.workflow.app
-worker`` builds it from ``BENCH_*`` environment variables at import. The
-bench creates and drops its own database (``pikku_bench_workflow``) and
-flushes its Redis database first.
+Three kinds run a no-op step ``--steps`` times in a row on one ``celery worker``
+(``bench.workflow.app``) with the mirror on PostgreSQL: a ``@pikku.workflow``, a chain of
+the same ``@pikku.step`` task run by ``pikku.run``, and the same chain of a plain task
+(the floor). Wall time and SQL statements per step, with ``pg_stat_database`` as a
+cross-check. What is measured, and the figures: ``bench/workflow/results.md``.
 """
 
 from __future__ import annotations
