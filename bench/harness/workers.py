@@ -39,9 +39,10 @@ _OWN_PREFIXES: Final = ("BENCH_", "PIKKU_")
 _FAILURE_MARKERS: Final = ("pikku-celery could not record", "pikku-celery signal handler")
 
 
-def clean_env(settings: Mapping[str, str]) -> dict[str, str]:
-    """This process's environment without the bench's and pikku's variables, plus ``settings``."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith(_OWN_PREFIXES)}
+def clean_env(settings: Mapping[str, str], drop: tuple[str, ...] = _OWN_PREFIXES) -> dict[str, str]:
+    """This process's environment without the variables starting with ``drop`` (the bench's
+    and pikku's), plus ``settings``."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith(drop)}
     env.update(settings)
     return env
 
