@@ -52,11 +52,11 @@ format: $(STAMP)
 	$(BIN)/ruff format pikku_celery tests bench docs/hooks
 
 bench: $(STAMP)
-	$(BIN)/python -m bench.store_bench $(BENCH_ARGS)
+	$(BIN)/python -m bench.store $(BENCH_ARGS)
 
 # The store bench in its quick mode: small numbers, under a minute.
 bench-quick: $(STAMP)
-	$(BIN)/python -m bench.store_bench --quick $(BENCH_ARGS)
+	$(BIN)/python -m bench.store --quick $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache build dist site *.egg-info

@@ -18,11 +18,12 @@ from typing import Any, Final
 
 from sqlalchemy import create_engine, inspect, text
 
+from bench.harness.workers import ROOT
+
 __all__ = ["MirrorState", "OpenStep", "journal_report", "read_mirror"]
 
 OPEN_STEP_STATUSES: Final = ("pending", "scheduled", "running", "lost")
 OPEN_RUN_STATUSES: Final = ("running", "suspended")
-ROOT: Final = Path(__file__).resolve().parent.parent.parent
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,9 @@ from typing import Any, Final
 
 from bench.celery_suite import plugin
 from bench.celery_suite.sources import SUITE_FILES, Sources
+from bench.harness.broker import flush
+from bench.harness.postgres import BenchDatabases
+from bench.harness.workers import ROOT, clean_env
 
 __all__ = [
     "BACKEND_ALIAS",
@@ -35,7 +38,9 @@ MODES: Final = ("plain", "all", "steps", "backend")
 #: open: it starts with ``redis`` (the gates' test), and the plugin makes it pikku-celery's
 #: ``PikkuBackend`` on the suite's apps. Without ``+``, as Celery splits the scheme there.
 BACKEND_ALIAS: Final = "redispikku"
-ROOT: Final = Path(__file__).resolve().parent.parent.parent
+# Nothing from the caller's shell may change what a mode runs: no PIKKU_* (a
+# PIKKU_MIRROR=all would turn "steps" into "all"), no TEST_* of Celery's conftest.
+SHELL_PREFIXES: Final = ("PIKKU_", "TEST_", "CELERY_", "WORKER_LOGLEVEL", "REDIS_")
 #: The line the embedded worker's teardown raises when its thread outlives shutdown_timeout.
 WORKER_STUCK: Final = "Worker thread failed to exit within the allocated timeout"
 # The suite's process: the helper packages after the virtualenv's, then pytest's own main.
@@ -141,18 +146,6 @@ class ModeRun:
         return self.ended - self.started
 
 
-def _clean_env(settings: dict[str, str]) -> dict[str, str]:
-    # Nothing from the caller's shell may change what a mode runs: no PIKKU_* (a
-    # PIKKU_MIRROR=all would turn "steps" into "all"), no TEST_* of Celery's conftest.
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith(("PIKKU_", "TEST_", "CELERY_", "WORKER_LOGLEVEL", "REDIS_"))
-    }
-    env.update(settings)
-    return env
-
-
 def redis_helpers_env(url: str) -> dict[str, str]:
     """``REDIS_HOST``/``REDIS_PORT`` for the suite's own Redis client (``get_redis_connection``
     in ``t/integration/tasks.py``, database 0): the server of ``url``. Its tests that read
@@ -164,32 +157,17 @@ def redis_helpers_env(url: str) -> dict[str, str]:
     return {"REDIS_HOST": parts.hostname or "localhost", "REDIS_PORT": str(parts.port or 6379)}
 
 
-def _flush_redis(url: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
-
-
 def _fresh_database(settings: Settings, mode: str, folder: Path) -> str:
     if settings.database == "sqlite":
         return f"sqlite:///{folder / 'pikku.db'}"
-    import psycopg
-
     name = f"{settings.pg_prefix}_{mode}"
-    with psycopg.connect(settings.pg_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = settings.pg_url.rpartition("/")
-    return f"{base}/{name}"
+    # Kept after the mode (its records are read from it), so never dropped here.
+    return BenchDatabases(settings.pg_url, (name,)).fresh(name)
 
 
 def _upgrade(url: str, pikku: PikkuSource) -> None:
     command = [sys.executable, "-m", "pikku_celery", "--database-url", url, "db", "upgrade"]
-    env = _clean_env({"PYTHONPATH": pikku.pythonpath})
+    env = clean_env({"PYTHONPATH": pikku.pythonpath}, SHELL_PREFIXES)
     subprocess.run(command, check=True, cwd=ROOT, env=env, capture_output=True)
 
 
@@ -249,7 +227,7 @@ def run_mode(mode: str, sources: Sources, settings: Settings) -> ModeRun:
     folder.mkdir(parents=True, exist_ok=False)
     records = folder / "records"
     records.mkdir()
-    _flush_redis(settings.redis_url)
+    flush(settings.redis_url)
     env_settings = {
         "TEST_BROKER": settings.redis_url,
         "TEST_BACKEND": settings.redis_url,
@@ -299,7 +277,7 @@ def run_mode(mode: str, sources: Sources, settings: Settings) -> ModeRun:
         process = subprocess.Popen(
             command,
             cwd=sources.root,
-            env=_clean_env(env_settings),
+            env=clean_env(env_settings, SHELL_PREFIXES),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

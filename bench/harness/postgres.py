@@ -43,8 +43,8 @@ class BenchDatabases:
     def fresh(self, name: str) -> str:
         """Database ``name`` made empty; its URL."""
         with self._admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-            conn.exec_driver_sql(f"CREATE DATABASE {name}")
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
         self._created.add(name)
         return self.url(name)
 
@@ -55,7 +55,7 @@ class BenchDatabases:
     def drop(self) -> None:
         with self._admin.connect() as conn:
             for name in sorted(self._created):
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         self._created.clear()
         self._admin.dispose()
 

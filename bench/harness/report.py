@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
-__all__ = ["fmt", "say", "table", "verdict"]
+__all__ = ["best", "fmt", "ratio", "say", "table", "verdict"]
+
+R = TypeVar("R")
 
 
 def say(text: str = "") -> None:
@@ -33,3 +36,16 @@ def verdict(value: float | None, target: float, *, at_most: bool = False) -> str
     if value is None:
         return "n/a"
     return "met" if (value <= target if at_most else value >= target) else "MISSED"
+
+
+def best(runs: Sequence[R], keep: Callable[[R], bool], key: Callable[[R], float]) -> R | None:
+    """The run of ``runs`` that ``keep`` takes with the highest ``key``; None if none."""
+    matching = [run for run in runs if keep(run)]
+    return max(matching, key=key) if matching else None
+
+
+def ratio(top: R | None, bottom: R | None, measure: Callable[[R], float]) -> float | None:
+    """``measure`` of ``top`` over that of ``bottom``; None where either is missing or 0."""
+    if top is None or bottom is None or not measure(bottom):
+        return None
+    return measure(top) / measure(bottom)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,25 +11,38 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from celery import Celery
 
-__all__ = ["ROOT", "clean_env", "mirror_failures", "run_module", "running_worker"]
+__all__ = [
+    "BROKER_ENV",
+    "DATABASE_ENV",
+    "ROOT",
+    "clean_env",
+    "mirror_failures",
+    "run_module",
+    "run_module_json",
+    "running_worker",
+]
 
 #: The project root: workers and helper processes import ``bench.*`` from there.
 ROOT: Final = Path(__file__).resolve().parent.parent.parent
 READY_TIMEOUT: Final = 60.0
+#: What the benches' worker apps read their broker and database from.
+BROKER_ENV: Final = "BENCH_BROKER_URL"
+DATABASE_ENV: Final = "BENCH_DATABASE_URL"
 # Settings a worker's app reads from the environment: left out, so a variable
 # set in the caller's shell cannot change what a run measures.
-_OWN_PREFIXES: Final = ("BENCH_", "WFBENCH_", "PIKKU_")
+_OWN_PREFIXES: Final = ("BENCH_", "PIKKU_")
 # What the mirror logs when a write or a signal handler failed.
 _FAILURE_MARKERS: Final = ("pikku-celery could not record", "pikku-celery signal handler")
 
 
-def clean_env(settings: Mapping[str, str]) -> dict[str, str]:
-    """This process's environment without the bench's and pikku's variables, plus ``settings``."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith(_OWN_PREFIXES)}
+def clean_env(settings: Mapping[str, str], drop: tuple[str, ...] = _OWN_PREFIXES) -> dict[str, str]:
+    """This process's environment without the variables starting with ``drop`` (the bench's
+    and pikku's), plus ``settings``."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith(drop)}
     env.update(settings)
     return env
 
@@ -109,6 +123,12 @@ def run_module(module: str, args: Sequence[str], env: Mapping[str, str]) -> str:
     if done.returncode != 0:
         raise SystemExit(f"{module} {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
     return done.stdout
+
+
+def run_module_json(module: str, args: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """Run ``python -m module args`` to its end; the JSON report its last line prints."""
+    report: dict[str, Any] = json.loads(run_module(module, args, env).strip().splitlines()[-1])
+    return report
 
 
 def mirror_failures(log: Path, *also: str) -> list[str]:

@@ -29,7 +29,7 @@ __all__ = ["ENV_FLUSH_INTERVAL", "FLUSH_INTERVAL", "Flusher"]
 
 logger = logging.getLogger(__name__)
 
-# Chosen from bench.celery_bench on 2 cores: at 20 ms a prefork -c 2 worker made 0.40
+# Chosen from bench.throughput on 2 cores: at 20 ms a prefork -c 2 worker made 0.40
 # commits per no-op task (lag p99 110 ms), at 40 ms 0.13 (p99 about 100 ms); a batch costs
 # about 1 ms of Python however small, so fewer, larger ones leave more CPU to the tasks.
 FLUSH_INTERVAL: Final = 0.04
