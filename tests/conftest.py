@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
 from pikku_celery.store.engine import make_engine
+from tests.support.redis_server import RedisServer
 
 for _name in [
     name
@@ -36,6 +37,44 @@ def _interrupted_by_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     signal.signal(signal.SIGTERM, _interrupted_by_sigterm)
+
+
+# pytest-xdist (`make test` runs the suite in two processes): the suite's users of Redis
+# each take a database number of their own and flush it, so a second process gets a
+# redis-server of its own rather than sharing the numbers. Set before any test module reads
+# PIKKU_TEST_REDIS_URL.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_private_redis: RedisServer | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _private_redis
+    if _XDIST_WORKER in ("", "gw0"):
+        return
+    _private_redis = RedisServer()
+    _private_redis.start()
+    os.environ["PIKKU_TEST_REDIS_URL"] = f"redis://127.0.0.1:{_private_redis.port}"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _private_redis is not None:
+        _private_redis.stop()
+
+
+# The processes of one session share the machine's other services: tests that start the
+# docker suite's containers and compose stack run in one process, and each other file's
+# tests in one process (a file's module-scoped workers are started once).
+_ONE_PROCESS = ("tests/docker/",)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _XDIST_WORKER:
+        return
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        group = next((prefix for prefix in _ONE_PROCESS if path.startswith(prefix)), path)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 REQUIRE_SERVICES = bool(os.environ.get("CI") or os.environ.get("PIKKU_REQUIRE_SERVICES"))
