@@ -10,6 +10,7 @@ import os
 import signal
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 import pytest
@@ -71,6 +72,17 @@ _ONE_PROCESS = ("tests/docker/",)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not _XDIST_WORKER:
         return
+    # pytest-celery parametrizes its brokers in an order that differs between processes;
+    # xdist needs every process to collect the same list.
+    first: dict[Path, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(item.path, index)
+    items.sort(
+        key=lambda item: (
+            first[item.path],
+            item.nodeid if item.nodeid.startswith(_ONE_PROCESS) else "",
+        )
+    )
     for item in items:
         path = item.nodeid.split("::", 1)[0]
         group = next((prefix for prefix in _ONE_PROCESS if path.startswith(prefix)), path)
