@@ -125,7 +125,9 @@ class Flusher:
             events = due is not None and due <= now
             if events:
                 if gap > 0:
-                    self._stop.wait(gap)
+                    # Appended while the last pass wrote: after a small pass, a result a
+                    # reader waits for need not wait out the interval.
+                    (self._hurry if small else self._stop).wait(gap)
             else:
                 timeout = (
                     self.adopt_interval if due is None else min(due - now, self.adopt_interval)
