@@ -51,6 +51,7 @@ print(json.dumps({
     "ids": ids,
     "sink": type(pikku.mirror.sink).__name__,
     "threads": sorted(t.name for t in threading.enumerate()),
+    "connections": pikku.store.engine.pool.checkedin() + pikku.store.engine.pool.checkedout(),
 }), flush=True)
 sys.stdin.read()
 """
@@ -138,6 +139,7 @@ def test_a_prefork_workers_node_flusher_writes_a_hosted_publishers_steps(
         assert publisher.report["sink"] == "HostedSink"
         threads = publisher.report["threads"]
         assert not [name for name in threads if name.startswith("pikku-celery")], threads
+        assert publisher.report["connections"] == 0  # no database connection either
         ids = publisher.report["ids"]
         # The worker ran them and its node flusher wrote the publisher's journal: each
         # step has the input only the publisher journaled, long before a worker would

@@ -23,8 +23,20 @@ from pikku_celery.mirror.sinks import HostedSink
 from tests.support.published import lone
 
 
-def hosted(store: WorkflowStore, tmp_path: Path, **settings: float) -> Recorder:
-    return Recorder(store, journal_dir=tmp_path / "journal", publisher="node", **settings)
+def hosted(
+    store: WorkflowStore,
+    tmp_path: Path,
+    *,
+    adopt_interval: float = 2.0,
+    flush_interval: float = 0.04,
+) -> Recorder:
+    return Recorder(
+        store,
+        journal_dir=tmp_path / "journal",
+        publisher="node",
+        adopt_interval=adopt_interval,
+        flush_interval=flush_interval,
+    )
 
 
 def node(store: WorkflowStore, tmp_path: Path) -> Recorder:

@@ -61,6 +61,10 @@ def test_a_recorder_chooses_its_sink_when_made_and_when_it_serves_a_node(
         threaded.close()
 
 
+def sink_type(recorder: Recorder) -> type:
+    return type(recorder.sink)
+
+
 def test_a_hosted_publisher_only_appends_until_it_serves_a_node_or_writes_its_own(
     sqlite: WorkflowStore, tmp_path: Path
 ) -> None:
@@ -77,7 +81,7 @@ def test_a_hosted_publisher_only_appends_until_it_serves_a_node_or_writes_its_ow
         serving.serve_node()  # a prefork worker's main process
         assert type(serving.sink) is NodeSink
         hosted.write_own_journal()  # a worker that forks no pool
-        assert type(hosted.sink) is OwnSink
+        assert sink_type(hosted) is OwnSink
         sink = own.sink
         own.write_own_journal()  # it does already
         assert own.sink is sink
@@ -91,10 +95,15 @@ def test_the_publisher_journal_comes_from_the_argument_the_app_or_the_environmen
 ) -> None:
     url = f"sqlite:///{tmp_path / 'pikku.db'}"
 
-    def sink(conf: dict[str, str], **kwargs: str) -> type:
+    def sink(conf: dict[str, str], publisher_journal: str | None = None) -> type:
         app = Celery("roles", broker="memory://", set_as_current=False)
         app.conf.update(conf)
-        pikku = PikkuCelery(app, database_url=url, journal_dir=str(tmp_path / "j"), **kwargs)
+        pikku = PikkuCelery(
+            app,
+            database_url=url,
+            journal_dir=str(tmp_path / "j"),
+            publisher_journal=publisher_journal,
+        )
         try:
             return type(pikku.mirror.sink)
         finally:
