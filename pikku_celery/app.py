@@ -25,7 +25,7 @@ from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
 from pikku_celery.integration.upkeep import ENV_REAPER_INTERVAL, REAPER_INTERVAL, Upkeep
 from pikku_celery.integration.wakeups import configure_wakeups
-from pikku_celery.mirror import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, Recorder
+from pikku_celery.mirror import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, PublisherJournal, Recorder
 from pikku_celery.store import (
     DEFAULT_DATABASE_URL,
     ENV_DATABASE_URL,
@@ -74,6 +74,31 @@ def _max_payload_bytes(conf: Any) -> _StoreOptions:
     return {"max_payload_bytes": limit}
 
 
+#: Who writes a publisher's journal (see ``docs/operations/deployment.md``).
+PUBLISHER_JOURNAL_SETTING = "pikku_publisher_journal"
+ENV_PUBLISHER_JOURNAL = "PIKKU_PUBLISHER_JOURNAL"
+
+
+def _publisher_journal(conf: Any, given: str | None) -> PublisherJournal:
+    """``"own"`` (its own flusher thread) or ``"node"`` (a node's flusher on its machine)."""
+    configured = (
+        given
+        or conf.get(PUBLISHER_JOURNAL_SETTING)
+        or os.environ.get(ENV_PUBLISHER_JOURNAL)
+        or "own"
+    )
+    value = str(configured).strip().lower()
+    if value == "own":
+        return "own"
+    if value == "node":
+        return "node"
+    raise ConfigurationError(
+        f'{PUBLISHER_JOURNAL_SETTING} ({ENV_PUBLISHER_JOURNAL}) is "own" (this process '
+        'writes its journal from a flusher thread of its own) or "node" (a worker or '
+        f"`pikku-celery flusher` on this machine writes it), not {configured!r}."
+    )
+
+
 class PikkuCelery:
     """Mirrors every step, transition and retry attempt of a Celery app's workflow tasks.
 
@@ -90,6 +115,11 @@ class PikkuCelery:
     ``mirror="all"`` (else ``app.conf.pikku_mirror``, else ``PIKKU_MIRROR``) mirrors
     every task of the app, not only ``WorkflowTask`` ones (``"steps"``, the default),
     but those ``exclude`` names (names or globs; else ``app.conf.pikku_mirror_exclude``).
+
+    ``publisher_journal="node"`` (else ``app.conf.pikku_publisher_journal``, else
+    ``PIKKU_PUBLISHER_JOURNAL``, else ``"own"``): a publishing process (a web app) only
+    appends to its journal, and a prefork worker's main process on the same machine, or
+    ``pikku-celery flusher``, writes it; a worker always writes its own.
 
     ``result_backend=True`` makes the same database Celery's result backend
     (``app.conf.result_backend = "pikku://"``): ``AsyncResult.get()`` reads what the
@@ -113,6 +143,7 @@ class PikkuCelery:
         mirror: str | None = None,
         exclude: Iterable[str] | None = None,
         result_backend: bool = False,
+        publisher_journal: str | None = None,
     ) -> None:
         if store is not None and database_url is not None:
             raise ConfigurationError("Pass either database_url or store, not both.")
@@ -135,6 +166,7 @@ class PikkuCelery:
                 or os.environ.get(ENV_FLUSH_INTERVAL)
                 or FLUSH_INTERVAL
             ),
+            publisher=_publisher_journal(app.conf, publisher_journal),
         )
         # Fail fast: a mirror that cannot journal would lose every event, one ERROR at a time.
         self.mirror.check_journal()

@@ -1,6 +1,6 @@
 """The ``pikku-celery`` command: its parser, the db, demo, dashboard and healthcheck
-subcommands, and ``main``; the runs, prune, reap and journal subcommands have modules of
-their own."""
+subcommands, and ``main``; the runs, prune, reap, journal and flusher subcommands have
+modules of their own."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from pikku_celery.cli.common import (
     reading_store_of,
     store_of,
 )
+from pikku_celery.cli.flusher import add_flusher_command
 from pikku_celery.cli.journal import add_journal_command
 from pikku_celery.cli.options import env_flag, port_number
 from pikku_celery.cli.prune import add_prune_command
@@ -300,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_prune_command(commands)
     add_reap_command(commands, json_default=env_flag(ENV_JSON))
     add_journal_command(commands)
+    add_flusher_command(commands)
     for command in _commands_of(parser):
         _add_global_options(command, top=False)
     return parser

@@ -76,6 +76,7 @@ def print_json(document: Any) -> None:
 
 def add_app_option(parser: argparse._ActionsContainer, *, default: Any) -> None:
     parser.add_argument(
+        "-A",
         "--app",
         metavar="MODULE[:ATTR]",
         default=default,

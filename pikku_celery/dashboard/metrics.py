@@ -13,7 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from pikku_celery.mirror import default_journal_dir, journal_depth, journal_folder
+from pikku_celery.mirror import (
+    default_journal_dir,
+    journal_depth,
+    journal_folder,
+    unserved_journals,
+)
 from pikku_celery.store import (
     RUN_STATUSES,
     AttemptCount,
@@ -50,6 +55,7 @@ def format_metrics(
     open_steps: OpenStepCounts,
     stale_after: float,
     journal_events: int = 0,
+    journals_unserved: int = 0,
 ) -> str:
     lines = _family("pikku_runs", "Workflow runs in the database, by status.")
     # Every status is listed, zero included, so a series never vanishes.
@@ -94,10 +100,19 @@ def format_metrics(
         "yet: a few for a few milliseconds, more while the database is away.",
     )
     lines.append(f"pikku_celery_journal_events {journal_events}")
+    lines += _family(
+        "pikku_celery_journals_unserved",
+        "Journals of live hosted publishers on this machine (pikku_publisher_journal "
+        '"node") that no process writes to SQL: start a prefork worker or `pikku-celery '
+        "flusher --app proj:pikku` on this machine.",
+    )
+    lines.append(f"pikku_celery_journals_unserved {journals_unserved}")
     return "\n".join(lines) + "\n"
 
 
 def collect_metrics(store: WorkflowStore, *, stale_after: float) -> str:
+    # The journals of processes on the dashboard's machine (or a shared volume).
+    folder = journal_folder(default_journal_dir(), safe_url(store.engine.url))
     return format_metrics(
         store.run_counts(),
         store.attempt_counts(),
@@ -105,11 +120,6 @@ def collect_metrics(store: WorkflowStore, *, stale_after: float) -> str:
         store.oldest_running_attempt_age(),
         open_steps=store.count_open_steps(stale_after),
         stale_after=stale_after,
-        journal_events=_journal_events(store),
+        journal_events=journal_depth(folder.parent, only=folder.name),
+        journals_unserved=unserved_journals(folder.parent, only=folder.name),
     )
-
-
-def _journal_events(store: WorkflowStore) -> int:
-    # The journals of processes on the dashboard's machine (or a shared volume).
-    folder = journal_folder(default_journal_dir(), safe_url(store.engine.url))
-    return journal_depth(folder.parent, only=folder.name)

@@ -653,6 +653,9 @@ def worker_init(sender: Any = None, **_: Any) -> None:
         if forks:
             # Its pool processes then only append: one flusher per node, not per process.
             pikku.mirror.serve_node()
+        else:
+            # A worker's events never wait for another process (a hosted publisher's do).
+            pikku.mirror.write_own_journal()
 
 
 def _forks_a_pool(worker: Any) -> bool:

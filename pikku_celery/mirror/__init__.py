@@ -34,9 +34,17 @@ from pikku_celery.mirror.journal import (
     journaled_steps,
     orphaned_journals,
     probe_folder,
+    unserved_journals,
 )
 from pikku_celery.mirror.recorder import Recorder
-from pikku_celery.mirror.sink import AfterCommit, ChordsFired, Committed, EventSink, SinkStats
+from pikku_celery.mirror.sink import (
+    AfterCommit,
+    ChordsFired,
+    Committed,
+    EventSink,
+    PublisherJournal,
+    SinkStats,
+)
 from pikku_celery.mirror.sinks import DirectSink
 from pikku_celery.mirror.values import PublishedStep, unserialisable
 
@@ -54,6 +62,7 @@ __all__ = [
     "JournalEntry",
     "MirrorEvent",
     "PublishedStep",
+    "PublisherJournal",
     "Recorder",
     "ResultStored",
     "SinkStats",
@@ -69,4 +78,5 @@ __all__ = [
     "probe_folder",
     "result_stored",
     "unserialisable",
+    "unserved_journals",
 ]

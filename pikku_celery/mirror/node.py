@@ -4,11 +4,13 @@ A worker's main process serves its node (its sink is a ``NodeSink``): the pool
 processes it forks afterwards append to journals of their own and run no
 flusher. The main process's flusher claims every journal in the folder that no
 process consumes (its consumer lock is free): its children's at once (their
-names end with its pid, see ``node_suffix``), and those of processes that are
-gone (a node served before it that died, say). It reads them while they grow
-and writes them with its own in shared batches. A journal whose owner has ended
-is deleted once it is empty; one whose owner lives when it is let go (the main
-process stops first) is claimed by the next node once that owner is gone.
+names end with its pid, see ``node_suffix``), hosted publishers' (a web app's,
+see ``HOSTED_SUFFIX``: any node of the machine writes them) while they live,
+and those of processes that are gone (a node served before it that died, say).
+It reads them while they grow and writes them with its own in shared batches. A
+journal whose owner has ended is deleted once it is empty; one whose owner lives when
+it is let go (the main process stops first) is claimed by the next node once that
+owner is gone (a hosted one while it lives too).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pikku_celery.mirror.journal import SUFFIX, Journal, node_suffix, owner_alive
+from pikku_celery.mirror.journal import HOSTED_SUFFIX, SUFFIX, Journal, node_suffix, owner_alive
 
 __all__ = ["NodeJournals"]
 
@@ -84,8 +86,9 @@ class NodeJournals:
             if not child and refused is not None and now - refused < self.retry_after:
                 continue
             # Another node's pool process (two workers on one machine) is its node's to
-            # write while it lives: its main process answers for what it journaled.
-            journal = self._claim(folder / name, child)
+            # write while it lives: its main process answers for what it journaled. A
+            # hosted publisher's is whichever node's claims it first.
+            journal = self._claim(folder / name, child, name.endswith(HOSTED_SUFFIX))
             if journal is None:
                 self._refused[name] = now
             else:
@@ -96,10 +99,11 @@ class NodeJournals:
             self._refused = {n: t for n, t in self._refused.items() if n in present}
         return self.journals()
 
-    def _claim(self, path: Path, child: bool) -> Journal | None:
+    def _claim(self, path: Path, child: bool, hosted: bool) -> Journal | None:
         if not path.is_dir():
             return None  # not a journal: a journal is a folder of segments
-        if not child and owner_alive(path):
+        living = child or hosted  # claimed while its owner lives
+        if not living and owner_alive(path):
             return None  # another node's, alive: opening it would read it all for nothing
         try:
             journal = Journal(path, role="consume")
@@ -110,7 +114,7 @@ class NodeJournals:
             journal.close(delete_if_empty=False)
             return None  # another database's: adoption says so in the log
         ended = journal.owner_gone()
-        if not (child or ended):
+        if not (living or ended):
             journal.close(delete_if_empty=False)
             return None
         if ended and (depth := journal.depth()):

@@ -12,11 +12,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import logging
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from pikku_celery.errors import SerializationError
 from pikku_celery.mirror.batches import BATCH_SIZE
@@ -37,12 +35,8 @@ from pikku_celery.mirror.events import (
 from pikku_celery.mirror.flusher import FLUSH_INTERVAL
 from pikku_celery.mirror.forks import ForkGuard
 from pikku_celery.mirror.held_results import HeldResults
-from pikku_celery.mirror.journal import (
-    ENV_JOURNAL_DIR,
-    database_folder,
-    default_journal_dir,
-    writable_folder,
-)
+from pikku_celery.mirror.journal import database_folder, default_journal_dir, writable_folder
+from pikku_celery.mirror.lost import LostEvents
 from pikku_celery.mirror.orphans import ADOPT_INTERVAL
 from pikku_celery.mirror.sink import (
     AfterCommit,
@@ -50,19 +44,15 @@ from pikku_celery.mirror.sink import (
     Committed,
     EventSink,
     Place,
+    PublisherJournal,
     SinkSettings,
     SinkStats,
 )
-from pikku_celery.mirror.sinks import DirectSink, NodeSink, own_sink
+from pikku_celery.mirror.sinks import DirectSink, HostedSink, NodeSink, own_sink, publisher_sink
 from pikku_celery.mirror.values import PublishedStep, routing_json, unserialisable
 from pikku_celery.store import WorkflowStore, database_key
 
 __all__ = ["Recorder"]
-
-logger = logging.getLogger(__name__)
-
-# Seconds between two log lines about events that could not be journaled.
-_FAILURE_LOG_EVERY: Final = 60.0
 
 
 class Recorder:
@@ -71,6 +61,8 @@ class Recorder:
     ``journal_dir`` is where each process's journal lives (default
     ``PIKKU_JOURNAL_DIR``, else ``~/.local/state/pikku-celery/journal``).
     ``background=False``: no flusher thread; the owner calls :meth:`flush`.
+    ``publisher="node"``: this process only appends, and a node's flusher on this machine
+    writes its journal (``HostedSink``), until it serves a node or writes its own.
     """
 
     def __init__(
@@ -83,17 +75,19 @@ class Recorder:
         adopt_interval: float = ADOPT_INTERVAL,
         grace: float = GRACE,
         background: bool = True,
+        publisher: PublisherJournal = "own",
     ):
         self._store = store
         self._journal_root = Path(journal_dir) if journal_dir is not None else None
-        self._settings = SinkSettings(flush_interval, batch_size, adopt_interval, grace, background)
+        self._settings = SinkSettings(
+            flush_interval, batch_size, adopt_interval, grace, background, publisher
+        )
         self._after = AfterCommit()
         self._fork = ForkGuard(self._after_fork)
-        self._lost = 0
-        self._lost_logged_at = -_FAILURE_LOG_EVERY
+        self._lost = LostEvents()
         self._held = HeldResults()
         self._direct: DirectSink | None = None
-        self._sink: EventSink = own_sink(self._place(), self._settings, self._after)
+        self._sink: EventSink = publisher_sink(self._place(), self._settings, self._after)
 
     # --- where events go ---------------------------------------------------------------
 
@@ -127,6 +121,15 @@ class Recorder:
             return
         before, self._sink = self._sink, NodeSink(self._place(), self._settings, self._after)
         before.close()
+
+    def write_own_journal(self) -> None:
+        """Write this process's journal from a flusher thread of its own from now on, even
+        as a hosted publisher (a worker that forks no pool must not wait for another)."""
+        self._fork.check()
+        if not isinstance(self._sink, HostedSink):
+            return
+        before, self._sink = self._sink, own_sink(self._place(), self._settings, self._after)
+        before.close()  # what it appended is adopted by the new flusher
 
     @contextlib.contextmanager
     def redirected(
@@ -231,27 +234,7 @@ class Recorder:
         try:
             self.sink.append(event)
         except Exception as exc:  # a full or read-only disk: nothing left to keep it in
-            self._lost += 1
-            now = time.monotonic()
-            if now - self._lost_logged_at < _FAILURE_LOG_EVERY:
-                return  # one line per interval, not one per event of a busy worker
-            self._lost_logged_at = now
-            logger.error(
-                "pikku-celery could not journal %s for task %s (%d events lost in this "
-                "process so far): %s; free the disk of %s or point %s elsewhere",
-                event.kind,
-                event.step_id,
-                self._lost,
-                exc,
-                self.journal_folder,
-                ENV_JOURNAL_DIR,
-                extra={
-                    "action": "mirror_write_failed",
-                    "event": event.kind,
-                    "task_id": event.step_id,
-                    "count": self._lost,
-                },
-            )
+            self._lost.lost(event, exc, self.journal_folder)
 
     def _json(self, value: Any, what: str) -> str:
         codec = self._store.codec

@@ -2,7 +2,8 @@
 
 A process's role decides what happens to an event once it is made: a publisher
 (or a solo or threads worker) journals it and writes its own journal from a
-flusher thread; a prefork worker's main process also writes the journals of
+flusher thread, or, hosted, only appends and a node's flusher on its machine
+writes it; a prefork worker's main process also writes the journals of
 its pool processes, which only append; a test (or ``Recorder.redirected``)
 writes when it asks; a process that stores results without a mirror writes
 each event at once. Each role is one :class:`EventSink`, chosen once (see
@@ -19,7 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 from pikku_celery.mirror.events import MirrorEvent, ResultStored
 from pikku_celery.store import FiredChord, WorkflowStore
@@ -30,6 +31,7 @@ __all__ = [
     "Committed",
     "EventSink",
     "Place",
+    "PublisherJournal",
     "SinkSettings",
     "SinkStats",
     "awaited",
@@ -42,6 +44,10 @@ Committed = Callable[[Sequence[str]], None]
 #: Called with the chords whose bodies are to be sent, once the batch that claimed them
 #: committed (the result backend's native chords).
 ChordsFired = Callable[[Sequence[FiredChord]], None]
+
+#: Who writes a publisher's journal: ``"own"``, its own flusher thread; ``"node"``, a node's
+#: flusher on its machine (a worker's main process, ``pikku-celery flusher``).
+PublisherJournal = Literal["own", "node"]
 
 # Celery's ready states: what AsyncResult.get() waits for.
 _READY: Final = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
@@ -57,25 +63,30 @@ def awaited(event: MirrorEvent) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class SinkStats:
-    """What a sink did; ``lags``: seconds from each written event to its COMMIT."""
+    """What a sink did; ``lags``: seconds from each written event to its COMMIT;
+    ``unserved``: how many times a hosted publisher found that no process consumed its
+    journal (its events wait on disk for a node's flusher)."""
 
     appended: int
     written: int
     batches: int
     set_aside: int
     lags: list[float]
+    unserved: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class SinkSettings:
     """How a sink writes, fixed when the recorder is made. ``background``: a process that
-    writes its own journal does so from a flusher thread (False: when asked)."""
+    writes its own journal does so from a flusher thread (False: when asked);
+    ``publisher``: who writes a publisher's journal (``"node"``: it only appends)."""
 
     flush_interval: float
     batch_size: int
     adopt_interval: float
     grace: float
     background: bool
+    publisher: PublisherJournal = "own"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from pikku_celery import WorkflowStore
 from pikku_celery.dashboard.metrics import escape_label, format_metrics
-from pikku_celery.mirror.journal import Journal, journal_folder
+from pikku_celery.mirror.journal import HOSTED_SUFFIX, Journal, journal_folder
 from pikku_celery.store.engine import safe_url
 from pikku_celery.store.stats import AttemptTotals, OpenStepCounts
 from tests.dashboard.conftest import Seeded
@@ -111,3 +111,27 @@ def test_journal_depth_counts_events_waiting_on_this_machine(
     finally:
         left.close()
         other.close()
+
+
+def test_a_live_hosted_publishers_journal_nobody_writes_is_counted(
+    client: TestClient, store: WorkflowStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIKKU_JOURNAL_DIR", str(tmp_path))
+    assert samples(client.get("/metrics").text)["pikku_celery_journals_unserved"] == "0"
+    folder = journal_folder(tmp_path, safe_url(store.engine.url))
+    # A web app set to pikku_publisher_journal = "node", with no worker on its machine.
+    publisher = Journal(folder / f"web-1{HOSTED_SUFFIX}", role="append")
+    publisher.append("published", "{}")
+    own = Journal(folder / "web-2.journal", role="append")  # not hosted: its own to write
+    try:
+        assert samples(client.get("/metrics").text)["pikku_celery_journals_unserved"] == "1"
+        node = Journal(publisher.path, role="consume")  # a node's flusher claims it
+        try:
+            assert samples(client.get("/metrics").text)["pikku_celery_journals_unserved"] == "0"
+        finally:
+            node.close(delete_if_empty=False)
+    finally:
+        publisher.close()
+        own.close()
+    # Its publisher ended: any process adopts it now, so it is no deployment's mistake.
+    assert samples(client.get("/metrics").text)["pikku_celery_journals_unserved"] == "0"

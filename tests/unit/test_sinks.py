@@ -15,10 +15,12 @@ import pytest
 from celery import Celery
 
 from pikku_celery import PikkuCelery, WorkflowStore
+from pikku_celery.errors import ConfigurationError
 from pikku_celery.integration.backend import PikkuBackend
 from pikku_celery.integration.result_sinks import Direct, Journaled
 from pikku_celery.mirror import Recorder, result_stored
-from pikku_celery.mirror.sinks import InlineSink, NodeSink, OwnSink
+from pikku_celery.mirror.journal import HOSTED_SUFFIX
+from pikku_celery.mirror.sinks import HostedSink, InlineSink, NodeSink, OwnSink
 from tests.support.published import lone, own_journal
 
 
@@ -57,6 +59,65 @@ def test_a_recorder_chooses_its_sink_when_made_and_when_it_serves_a_node(
     finally:
         inline.close()
         threaded.close()
+
+
+def sink_type(recorder: Recorder) -> type:
+    return type(recorder.sink)
+
+
+def test_a_hosted_publisher_only_appends_until_it_serves_a_node_or_writes_its_own(
+    sqlite: WorkflowStore, tmp_path: Path
+) -> None:
+    hosted = Recorder(sqlite, journal_dir=tmp_path / "a", publisher="node")
+    serving = Recorder(sqlite, journal_dir=tmp_path / "b", publisher="node")
+    asked = Recorder(sqlite, journal_dir=tmp_path / "c", publisher="node", background=False)
+    own = Recorder(sqlite, journal_dir=tmp_path / "d")
+    try:
+        assert type(hosted.sink) is HostedSink
+        hosted.published(lone("s-1"))
+        names = [p.name for p in hosted.journal_folder.iterdir() if p.is_dir()]
+        assert len(names) == 1 and names[0].endswith(HOSTED_SUFFIX)
+        assert type(asked.sink) is InlineSink  # one that writes when asked writes its own
+        serving.serve_node()  # a prefork worker's main process
+        assert type(serving.sink) is NodeSink
+        hosted.write_own_journal()  # a worker that forks no pool
+        assert sink_type(hosted) is OwnSink
+        sink = own.sink
+        own.write_own_journal()  # it does already
+        assert own.sink is sink
+    finally:
+        for recorder in (hosted, serving, asked, own):
+            recorder.close()
+
+
+def test_the_publisher_journal_comes_from_the_argument_the_app_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'pikku.db'}"
+
+    def sink(conf: dict[str, str], publisher_journal: str | None = None) -> type:
+        app = Celery("roles", broker="memory://", set_as_current=False)
+        app.conf.update(conf)
+        pikku = PikkuCelery(
+            app,
+            database_url=url,
+            journal_dir=str(tmp_path / "j"),
+            publisher_journal=publisher_journal,
+        )
+        try:
+            return type(pikku.mirror.sink)
+        finally:
+            pikku.uninstall()
+            pikku.mirror.close()
+
+    assert sink({}) is OwnSink  # the default: safe wherever it runs
+    assert sink({}, publisher_journal="node") is HostedSink
+    assert sink({"pikku_publisher_journal": "node"}) is HostedSink
+    monkeypatch.setenv("PIKKU_PUBLISHER_JOURNAL", "node")
+    assert sink({}) is HostedSink
+    assert sink({"pikku_publisher_journal": "own"}) is OwnSink
+    with pytest.raises(ConfigurationError, match=r'"own".*"node".*not .shared.'):
+        sink({}, publisher_journal="shared")
 
 
 def test_a_redirected_recorder_writes_inline_to_the_other_store_then_goes_back(

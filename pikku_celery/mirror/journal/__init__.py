@@ -30,9 +30,11 @@ from pikku_celery.mirror.journal.discovery import (
     journal_depth,
     journaled_steps,
     orphaned_journals,
+    unserved_journals,
 )
 from pikku_celery.mirror.journal.folders import (
     ENV_JOURNAL_DIR,
+    HOSTED_SUFFIX,
     SUFFIX,
     database_folder,
     default_journal_dir,
@@ -41,16 +43,18 @@ from pikku_celery.mirror.journal.folders import (
     probe_folder,
     writable_folder,
 )
-from pikku_celery.mirror.journal.locks import owner_alive
+from pikku_celery.mirror.journal.locks import consumer_alive, owner_alive
 from pikku_celery.mirror.journal.segments import JournalTail
 
 __all__ = [
     "ENV_JOURNAL_DIR",
+    "HOSTED_SUFFIX",
     "SUFFIX",
     "Journal",
     "JournalEntry",
     "JournalTail",
     "Role",
+    "consumer_alive",
     "database_folder",
     "default_journal_dir",
     "journal_depth",
@@ -60,5 +64,6 @@ __all__ = [
     "orphaned_journals",
     "owner_alive",
     "probe_folder",
+    "unserved_journals",
     "writable_folder",
 ]

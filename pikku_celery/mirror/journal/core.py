@@ -19,7 +19,7 @@ from typing import BinaryIO, Final, Literal
 
 from pikku_celery.mirror.journal.aside import Aside, read_set_aside, write_set_aside
 from pikku_celery.mirror.journal.checkpoint import Checkpoint, CheckpointLog, Spans
-from pikku_celery.mirror.journal.folders import SUFFIX, node_suffix
+from pikku_celery.mirror.journal.folders import HOSTED_SUFFIX, SUFFIX, node_suffix
 from pikku_celery.mirror.journal.locks import (
     consumer_lock,
     owner_lock,
@@ -178,12 +178,14 @@ class Journal:
         *,
         role: Role = "own",
         node: int | None = None,
+        hosted: bool = False,
     ) -> Journal:
         """This process's journal in ``folder`` for ``database`` (its :func:`database_key`);
         ``owner`` tells two mirrors of a process apart; ``node``: the pid of the process
-        that consumes it (see :func:`node_suffix`)."""
-        marker = "" if node is None else node_suffix(node)[: -len(SUFFIX)]
-        name = f"{socket.gethostname()}-{os.getpid()}-{id(owner):x}{marker}{SUFFIX}"
+        that consumes it (see :func:`node_suffix`); ``hosted``: any node's flusher on this
+        machine may consume it (see ``HOSTED_SUFFIX``)."""
+        ending = HOSTED_SUFFIX if hosted else SUFFIX if node is None else node_suffix(node)
+        name = f"{socket.gethostname()}-{os.getpid()}-{id(owner):x}{ending}"
         return cls(folder / name, database, role=role)
 
     def append(self, kind: str, payload: str) -> None:

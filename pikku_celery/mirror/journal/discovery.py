@@ -13,10 +13,11 @@ from pathlib import Path
 from pikku_celery.mirror.journal.aside import read_set_aside
 from pikku_celery.mirror.journal.checkpoint import Checkpoint, Spans
 from pikku_celery.mirror.journal.core import Journal
-from pikku_celery.mirror.journal.folders import SUFFIX
+from pikku_celery.mirror.journal.folders import HOSTED_SUFFIX, SUFFIX
+from pikku_celery.mirror.journal.locks import consumer_alive, owner_alive
 from pikku_celery.mirror.journal.segments import JournalTail
 
-__all__ = ["journal_depth", "journaled_steps", "orphaned_journals"]
+__all__ = ["journal_depth", "journaled_steps", "orphaned_journals", "unserved_journals"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,16 @@ def journal_depth(root: Path, *, only: str = "*", table: str = "events") -> int:
         except OSError:
             continue  # being deleted right now, or not a journal
     return total
+
+
+def unserved_journals(root: Path, *, only: str = "*") -> int:
+    """Hosted journals under ``root`` (or its database folder ``only``) whose publisher
+    lives and which no process consumes: their events wait for a node's flusher."""
+    return sum(
+        1
+        for path in root.glob(f"{only}/*{HOSTED_SUFFIX}")
+        if path.is_dir() and owner_alive(path) and not consumer_alive(path)
+    )
 
 
 def journaled_steps(folder: Path, step_ids: Collection[str]) -> set[str]:

@@ -18,6 +18,7 @@ from pikku_celery.store import database_key
 
 __all__ = [
     "ENV_JOURNAL_DIR",
+    "HOSTED_SUFFIX",
     "SUFFIX",
     "database_folder",
     "default_journal_dir",
@@ -29,6 +30,9 @@ __all__ = [
 
 ENV_JOURNAL_DIR: Final = "PIKKU_JOURNAL_DIR"
 SUFFIX: Final = ".journal"
+#: How a hosted journal's name ends: its publisher only appends, and any node's flusher of
+#: its database on this machine may consume it while the publisher lives.
+HOSTED_SUFFIX: Final = f"-hosted{SUFFIX}"
 
 
 def default_journal_dir() -> Path:

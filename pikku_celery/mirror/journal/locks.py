@@ -18,7 +18,14 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["consumer_lock", "owner_alive", "owner_lock", "take_journal_lock", "take_lock"]
+__all__ = [
+    "consumer_alive",
+    "consumer_lock",
+    "owner_alive",
+    "owner_lock",
+    "take_journal_lock",
+    "take_lock",
+]
 
 
 def owner_lock(journal: Path) -> Path:
@@ -71,13 +78,24 @@ def take_journal_lock(lock_path: Path, journal: Path, *, existing: bool) -> Bina
     return lock
 
 
-def owner_alive(path: Path) -> bool:
-    """Whether a process holds the journal's owner lock; nothing of the journal is read."""
+def _held(lock_path: Path) -> bool:
     try:
-        lock = take_lock(owner_lock(path), create=False)
+        lock = take_lock(lock_path, create=False)
     except FileNotFoundError:
-        return False  # no lock file: no owner (or the journal is going)
+        return False  # no lock file: nobody holds it (or the journal is going)
     except OSError:
         return True
     lock.close()
     return False
+
+
+def owner_alive(path: Path) -> bool:
+    """Whether a process holds the journal's owner lock; nothing of the journal is read."""
+    return _held(owner_lock(path))
+
+
+def consumer_alive(path: Path) -> bool:
+    """Whether a process holds the journal's consumer lock (writes it to SQL). The lock is
+    taken for an instant if free: a consumer that tries just then finds it taken and
+    tries again later, as for any journal it could not claim."""
+    return _held(consumer_lock(path))

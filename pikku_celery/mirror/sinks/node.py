@@ -22,7 +22,8 @@ from pikku_celery.mirror.forks import keep_inherited
 from pikku_celery.mirror.journal import Journal
 from pikku_celery.mirror.node import NodeJournals
 from pikku_celery.mirror.sink import AfterCommit, EventSink, Place, SinkSettings, SinkStats, awaited
-from pikku_celery.mirror.sinks.own import OwnSink, own_sink
+from pikku_celery.mirror.sinks.hosted import publisher_sink
+from pikku_celery.mirror.sinks.own import OwnSink
 
 __all__ = ["AppendOnlySink", "NodeSink"]
 
@@ -89,7 +90,7 @@ class NodeSink(OwnSink):
         keep_inherited(self._node)
         if os.getppid() != self._pid:
             # Forked by a process this one forked: not a pool process of this node.
-            return own_sink(self.place, self.settings, self.after)
+            return publisher_sink(self.place, self.settings, self.after)
         return AppendOnlySink(self.place, self.settings, self.after, self._pid, self._wake_pipe)
 
 
@@ -157,5 +158,5 @@ class AppendOnlySink:
     def forked(self) -> EventSink:
         if self._journal is not None:
             keep_inherited(self._journal)
-        # A process a task forks is no pool process: it writes its own journal.
-        return own_sink(self.place, self.settings, self.after)
+        # A process a task forks is no pool process: a publisher of its own.
+        return publisher_sink(self.place, self.settings, self.after)
