@@ -33,6 +33,7 @@ WORKER_SLICE = [
     "-k",
     " and ".join(f"not {word}" for word in LEFT_OUT),
 ]
+XDIST = ["-n", "2", "--dist", "loadgroup"]
 # Every package the lowest set names, printed with its version before the tests of either
 # session, so that its log says which versions it ran.
 NAMED = [
@@ -53,8 +54,9 @@ def _run_tests(session: nox.Session) -> None:
     if session.posargs:
         session.run("python", "-m", "pytest", *session.posargs)
         return
-    session.run("python", "-m", "pytest", "-q", *SUITES)
-    session.run("python", "-m", "pytest", "-q", *WORKER_SLICE)
+    # In two processes, as `make test` runs (tests/conftest.py keeps them apart).
+    session.run("python", "-m", "pytest", "-q", *XDIST, *SUITES)
+    session.run("python", "-m", "pytest", "-q", *XDIST, *WORKER_SLICE)
 
 
 @nox.session(python=PYTHON, venv_backend=BACKEND)
