@@ -17,11 +17,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/pikku-celery demo
 
-# Two processes (pytest-xdist; tests/conftest.py keeps them apart): JOBS=0 runs in one.
+# Two processes (pytest-xdist), each test file in one; JOBS=0 runs in one process.
 JOBS ?= 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 
 # A contributor's loop: the unit and integration suites (PostgreSQL, Redis; no workers).
 test-quick: $(STAMP)

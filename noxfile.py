@@ -33,7 +33,7 @@ WORKER_SLICE = [
     "-k",
     " and ".join(f"not {word}" for word in LEFT_OUT),
 ]
-XDIST = ["-n", "2", "--dist", "loadgroup"]
+XDIST = ["-n", "2", "--dist", "loadfile"]
 # Every package the lowest set names, printed with its version before the tests of either
 # session, so that its log says which versions it ran.
 NAMED = [

@@ -62,13 +62,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _private_redis.stop()
 
 
-# The processes of one session share the machine's other services: tests that start the
-# docker suite's containers and compose stack run in one process, and each other file's
-# tests in one process (a file's module-scoped workers are started once).
-_ONE_PROCESS = ("tests/docker/",)
+# `make test` runs each test file's tests in one process (`--dist loadfile`): a file's
+# module-scoped workers start once, and a test that cuts connections server-wide (the result
+# listener's) is not run beside another of its file.
+_SORTED = ("tests/docker/",)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not _XDIST_WORKER:
         return
@@ -80,13 +79,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(
         key=lambda item: (
             first[item.path],
-            item.nodeid if item.nodeid.startswith(_ONE_PROCESS) else "",
+            item.nodeid if item.nodeid.startswith(_SORTED) else "",
         )
     )
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        group = next((prefix for prefix in _ONE_PROCESS if path.startswith(prefix)), path)
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 REQUIRE_SERVICES = bool(os.environ.get("CI") or os.environ.get("PIKKU_REQUIRE_SERVICES"))

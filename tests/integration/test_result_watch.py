@@ -29,7 +29,7 @@ from celery import Celery
 
 from pikku_celery import WorkflowStore
 from pikku_celery.store import MirrorBatch, ResultWrite, now
-from pikku_celery.store.result_watch import PAYLOAD_LIMIT, notify_payload
+from pikku_celery.store.result_watch import PAYLOAD_LIMIT, listen_for_results, notify_payload
 from tests.conftest import truncate
 
 
@@ -85,9 +85,25 @@ def wait_in_thread(app: Celery, task_id: str) -> tuple[threading.Thread, list[An
     return thread, got
 
 
+def listener_up(store: WorkflowStore) -> None:
+    """Until this process's LISTEN connection to the store's database hears (PostgreSQL):
+    while it connects, as when it is cut, waiting readers poll."""
+    if store.dialect != "postgresql":
+        return
+    watch = listen_for_results(store.engine, [])
+    try:
+        deadline = time.monotonic() + 30
+        while not watch.pushes:
+            assert time.monotonic() < deadline, "the result listener never heard its probe"
+            time.sleep(0.05)
+    finally:
+        watch.close()
+
+
 def test_a_waiting_reader_reads_when_told_not_every_few_milliseconds(
     reader: Celery, store: WorkflowStore
 ) -> None:
+    listener_up(store)  # the first in its process starts it; a loaded machine takes a while
     task_id = str(uuid.uuid4())
     reads = counting_reads(reader)
     thread, got = wait_in_thread(reader, task_id)
@@ -139,8 +155,11 @@ def cut_the_listener_and_wait(reader: Celery, store: WorkflowStore) -> None:
     with store.engine.connect() as conn:
         cut = conn.execute(
             sa.text(
+                # This session's database only: another test session's listener is not ours
+                # to cut (its readers would poll while it reconnects).
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE query = 'LISTEN pikku_celery_results' AND pid <> pg_backend_pid()"
+                " WHERE query = 'LISTEN pikku_celery_results' AND datname = current_database()"
+                " AND pid <> pg_backend_pid()"
             )
         ).scalar_one()
     assert cut >= 1
