@@ -8,10 +8,10 @@ batch; SQLite, a file with no round trips to save, one ``executemany`` per kind 
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
+import msgspec
 import sqlalchemy as sa
 
 from pikku_celery.store import sql
@@ -24,10 +24,14 @@ if TYPE_CHECKING:
 __all__ = ["BatchWrites", "PostgresWrites", "SqliteWrites"]
 
 
-def _iso(value: Any) -> str:
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} in a batch row")
+# Compiled, and writes a datetime as ISO 8601 itself (``Z`` for UTC, which PostgreSQL
+# reads as timestamptz): a third of the CPU ``json.dumps`` with a ``default`` took here.
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+def _array(rows: list[dict[str, Any]]) -> str:
+    """Rows as one JSON array, for ``jsonb_to_recordset``."""
+    return _ENCODER.encode(rows).decode()
 
 
 class BatchWrites(Protocol):
@@ -89,7 +93,7 @@ class PostgresWrites:
         self._set(c, sql.batches.schedule_lone_steps_pg, list(lone.values()))
 
     def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]:
-        text = json.dumps(rows, default=_iso)
+        text = _array(rows)
         return set(self._db.run(c, sql.batches.count_deliveries_pg, {"rows": text}).scalars())
 
     def write_transitions(self, c: sa.Connection, status: str, rows: list[dict[str, Any]]) -> None:
@@ -121,7 +125,7 @@ class PostgresWrites:
     ) -> None:
         """One statement for all the rows, sent as one JSON array."""
         if rows:
-            self._db.run(c, statement, {"rows": json.dumps(rows, default=_iso), **ids})
+            self._db.run(c, statement, {"rows": _array(rows), **ids})
 
 
 class SqliteWrites:
