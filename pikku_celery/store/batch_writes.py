@@ -1,8 +1,9 @@
 """How each dialect sends the statements of a batch (``store/batches.py``).
 
 The dialect's catalogue (``store/dialect.py``) makes its own: PostgreSQL sends each kind
-of row as one set-based statement over a JSON array, one round trip however large the
-batch; SQLite, a file with no round trips to save, one ``executemany`` per kind of row.
+of row as one set-based statement over a JSON array, however large the batch, and the
+statements whose answer nothing waits for (``later``) together in pipeline mode, one round
+trip; SQLite, a file with no round trips to save, one ``executemany`` per kind of row.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ if TYPE_CHECKING:
     from pikku_celery.store.connector import Connector
     from pikku_celery.store.dialect import SQLite
 
-__all__ = ["BatchWrites", "PostgresWrites", "SqliteWrites"]
+__all__ = ["BatchWrites", "Later", "PostgresWrites", "SqliteWrites"]
+
+#: Statements of a batch whose answer nothing waits for, sent together by ``send``.
+Later = list[tuple[sa.Executable, dict[str, Any]]]
 
 
 # Compiled, and writes a datetime as ISO 8601 itself (``Z`` for UTC, which PostgreSQL
@@ -45,21 +49,33 @@ class BatchWrites(Protocol):
 
     def write_steps(
         self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
-    ) -> None: ...
+    ) -> set[str]:
+        """Insert the steps; returns the ids of those known to be there now (the others
+        are looked up with ``steps_present``)."""
+        ...
 
     def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]: ...
 
     def write_transitions(
-        self, c: sa.Connection, status: str, rows: list[dict[str, Any]]
+        self, c: sa.Connection, status: str, rows: list[dict[str, Any]], later: Later
     ) -> None: ...
 
     def write_outcomes(
-        self, c: sa.Connection, complete: dict[str, dt.datetime], settle: list[dict[str, Any]]
+        self,
+        c: sa.Connection,
+        complete: dict[str, dt.datetime],
+        settle: list[dict[str, Any]],
+        later: Later,
     ) -> None: ...
+
+    def send(self, c: sa.Connection, later: Later) -> None:
+        """Send what waits in ``later``, in order, and empty it."""
+        ...
 
 
 class PostgresWrites:
-    """Set-based: each kind of row is one statement over a JSON array, one round trip."""
+    """Set-based: each kind of row is one statement over a JSON array; what nothing waits
+    for goes in one pipeline."""
 
     def __init__(self, db: Connector) -> None:
         self._db = db
@@ -75,7 +91,7 @@ class PostgresWrites:
 
     def write_steps(
         self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
-    ) -> None:
+    ) -> set[str]:
         # Steps of lone tasks bring their run; the two shapes never share a run,
         # so sending each shape as its own batch keeps names in publish order. Lone
         # tasks, the common case, go in one set-based statement.
@@ -90,24 +106,38 @@ class PostgresWrites:
                 else:
                     same.append(row)
             self._db.run_many(c, sql.attempts.schedule_step_pg(with_run), same)
-        self._set(c, sql.batches.schedule_lone_steps_pg, list(lone.values()))
+        if not lone:
+            return set()
+        # With the BEGIN of a batch that starts with them; the statement returns the steps
+        # it wrote and those that were there before it, so most batches look up none.
+        params = {"rows": _array(list(lone.values()))}
+        (present,) = self._db.pipelined(c, [(sql.batches.schedule_lone_steps_pg, params)])
+        return {step_id for (step_id,) in present}
 
     def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]:
         text = _array(rows)
         return set(self._db.run(c, sql.batches.count_deliveries_pg, {"rows": text}).scalars())
 
-    def write_transitions(self, c: sa.Connection, status: str, rows: list[dict[str, Any]]) -> None:
+    def write_transitions(
+        self, c: sa.Connection, status: str, rows: list[dict[str, Any]], later: Later
+    ) -> None:
         ids = sorted({row["step_id"] for row in rows})
-        self._set(c, sql.batches.record_attempts_pg(status), rows, step_ids=ids)
+        self._set(later, sql.batches.record_attempts_pg(status), rows, step_ids=ids)
 
     def write_outcomes(
-        self, c: sa.Connection, complete: dict[str, dt.datetime], settle: list[dict[str, Any]]
+        self,
+        c: sa.Connection,
+        complete: dict[str, dt.datetime],
+        settle: list[dict[str, Any]],
+        later: Later,
     ) -> None:
         ended = sorted({r["run_id"] for r in settle} | set(complete))
         if not ended:
             return
-        # Every run the batch ends is locked first, in id order (after its steps).
-        self._db.run(c, sql.batches.lock_runs_pg, {"run_ids": ended})
+        # Every run the batch ends is locked first, in id order (after its steps). In one
+        # pipeline the statements still run one after the other, each with a snapshot of
+        # its own: the completion check sees what other batches committed before the lock.
+        later.append((sql.batches.lock_runs_pg, {"run_ids": ended}))
         if settle:
             rows = [
                 {"run_id": r["run_id"], "now": r["now"], "status": r["new_status"]}
@@ -115,17 +145,22 @@ class PostgresWrites:
                 for r in settle
             ]
             ids = sorted({r["run_id"] for r in rows})
-            self._set(c, sql.batches.settle_runs_pg, rows, run_ids=ids)
+            self._set(later, sql.batches.settle_runs_pg, rows, run_ids=ids)
         if complete:
             rows = [{"run_id": run_id, "now": at} for run_id, at in complete.items()]
-            self._set(c, sql.batches.complete_runs_pg, rows, run_ids=sorted(complete))
+            self._set(later, sql.batches.complete_runs_pg, rows, run_ids=sorted(complete))
 
+    def send(self, c: sa.Connection, later: Later) -> None:
+        self._db.pipelined(c, later)
+        later.clear()
+
+    @staticmethod
     def _set(
-        self, c: sa.Connection, statement: sa.Executable, rows: list[dict[str, Any]], **ids: Any
+        later: Later, statement: sa.Executable, rows: list[dict[str, Any]], **ids: Any
     ) -> None:
         """One statement for all the rows, sent as one JSON array."""
         if rows:
-            self._db.run(c, statement, {"rows": _array(rows), **ids})
+            later.append((statement, {"rows": _array(rows), **ids}))
 
 
 class SqliteWrites:
@@ -146,7 +181,7 @@ class SqliteWrites:
 
     def write_steps(
         self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
-    ) -> None:
+    ) -> set[str]:
         run_rows = [
             {
                 "workflow_run_id": r["run_id"],
@@ -167,16 +202,23 @@ class SqliteWrites:
             c.execute(self._sql.insert_run_once, run_rows)
         self._db.run_many(c, self._sql.schedule_step, rows)
         self._db.run_many(c, self._sql.schedule_attempt, rows)
+        return set()
 
     def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]:
         return set(c.execute(self._sql.count_deliveries, rows).scalars())
 
-    def write_transitions(self, c: sa.Connection, status: str, rows: list[dict[str, Any]]) -> None:
+    def write_transitions(
+        self, c: sa.Connection, status: str, rows: list[dict[str, Any]], later: Later
+    ) -> None:
         for statement in self._sql.record_attempt(status):
             self._db.run_many(c, statement, rows)
 
     def write_outcomes(
-        self, c: sa.Connection, complete: dict[str, dt.datetime], settle: list[dict[str, Any]]
+        self,
+        c: sa.Connection,
+        complete: dict[str, dt.datetime],
+        settle: list[dict[str, Any]],
+        later: Later,
     ) -> None:
         if settle:
             self._db.run_many(c, sql.attempts.settle_run, settle)
@@ -186,3 +228,6 @@ class SqliteWrites:
             # runs lock them in the same order and never deadlock.
             self._db.run_many(c, sql.attempts.touch_run, rows)
             self._db.run_many(c, sql.attempts.complete_run_if_done, rows)
+
+    def send(self, c: sa.Connection, later: Later) -> None:
+        """Nothing waits: each statement was sent as it came."""

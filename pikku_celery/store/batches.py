@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from pikku_celery.durations import format_duration
 from pikku_celery.errors import InvalidDuration, InvalidStatus
 from pikku_celery.store import sql
+from pikku_celery.store.batch_writes import Later
 from pikku_celery.store.common import like_prefix, new_id
 from pikku_celery.store.connector import Connector
 from pikku_celery.store.mirror_batch import (
@@ -134,9 +135,13 @@ class Batches:
         transitions = [t for t in batch.transitions if t.step_id in known]
         missing |= {t.step_id for t in batch.transitions if t.step_id not in known}
         counted = self._count_deliveries(c, transitions)
-        self._write_transitions(c, transitions, known, counted)
+        # The writes no answer is awaited of wait here (PostgreSQL), to go in one round trip.
+        later: Later = []
+        self._write_transitions(c, transitions, known, counted, later)
         handovers = [h for h in batch.handovers if h.step_id in known]
         missing |= {h.step_id for h in batch.handovers if h.step_id not in known}
+        if handovers or batch.chord_parts or batch.results or batch.chords or batch.chords_sent:
+            self._sql.send(c, later)  # in order: what follows reads what these wrote
         self._write_handovers(c, handovers)
 
         # A result is written with its attempt's end: one whose step waits, waits with it.
@@ -153,7 +158,8 @@ class Batches:
         # lost a name race) is not done, whatever its written steps say: a chain's next
         # link is published before the success of the link that sends it.
         waiting = {s.run_id for s in batch.steps if s.step_id in missing}
-        replay = self._write_outcomes(c, outcomes, known, waiting, released)
+        replay = self._write_outcomes(c, outcomes, known, waiting, released, later)
+        self._sql.send(c, later)
         return BatchResult(frozenset(missing), tuple(replay), tuple(fired))
 
     def _place_steps(
@@ -207,8 +213,8 @@ class Batches:
             }
             for s in placed
         ]
-        self._sql.write_steps(c, rows, placed)
-        return self._not_written(c, placed)
+        present = self._sql.write_steps(c, rows, placed)
+        return self._not_written(c, placed, present)
 
     def _open_chords(self, c: sa.Connection, written: Sequence[NewStep]) -> None:
         rows = [
@@ -236,9 +242,11 @@ class Batches:
         latest = max(at.values())
         return dict.fromkeys(held.all(), latest)
 
-    def _not_written(self, c: sa.Connection, placed: Sequence[NewStep]) -> set[str]:
-        ids = sorted({s.step_id for s in placed})
-        return set(ids) - self._sql.steps_present(c, ids)
+    def _not_written(
+        self, c: sa.Connection, placed: Sequence[NewStep], present: set[str]
+    ) -> set[str]:
+        ids = sorted({s.step_id for s in placed} - present)
+        return set(ids) - self._sql.steps_present(c, ids) if ids else set()
 
     def _count_deliveries(
         self, c: sa.Connection, transitions: Iterable[StepTransition]
@@ -258,6 +266,7 @@ class Batches:
         transitions: Sequence[StepTransition],
         known: dict[str, tuple[int, str, Any]],
         counted: set[str],
+        later: Later,
     ) -> None:
         by_status: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
         for t in transitions:
@@ -290,7 +299,7 @@ class Batches:
         # One transition per attempt, so the order between statuses does not
         # matter: each statement's guard decides alone whether it moves a row.
         for status, keyed in by_status.items():
-            self._sql.write_transitions(c, status, list(keyed.values()))
+            self._sql.write_transitions(c, status, list(keyed.values()), later)
 
     def _write_handovers(self, c: sa.Connection, handovers: Sequence[Handover]) -> None:
         # After the transitions: the replaced attempt's own start is in the same batch
@@ -309,6 +318,7 @@ class Batches:
         known: dict[str, tuple[int, str, Any]],
         waiting: set[str],
         released: dict[str, dt.datetime],
+        later: Later,
     ) -> list[str]:
         complete = {run_id: at for run_id, at in released.items() if run_id not in waiting}
         settle: dict[str, dict[str, Any]] = {}
@@ -327,10 +337,10 @@ class Batches:
                     run_id,
                     {"run_id": run_id, "new_status": o.kind, "error": o.error_json, "now": o.at},
                 )
-        for row in self._unsent_bodies(c, outcomes, known):
+        for row in self._unsent_bodies(c, outcomes, known, later):
             settle.setdefault(row["run_id"], row)
             complete.pop(row["run_id"], None)
-        self._sql.write_outcomes(c, complete, list(settle.values()))
+        self._sql.write_outcomes(c, complete, list(settle.values()), later)
         return replay
 
     def _unsent_bodies(
@@ -338,6 +348,7 @@ class Batches:
         c: sa.Connection,
         outcomes: Sequence[RunOutcome],
         known: dict[str, tuple[int, str, Any]],
+        later: Later,
     ) -> list[dict[str, Any]]:
         """The runs held open by chords whose header task ended for good: Celery fails such
         a chord's body in its backend and never sends it, so each held run fails now.
@@ -354,6 +365,7 @@ class Batches:
         }
         if not failed:
             return []
+        self._sql.send(c, later)  # it reads the steps the batch wrote
         held = c.execute(sql.batches.runs_held_by_unsent_bodies, {"body_ids": sorted(failed)})
         rows = []
         claims = [
