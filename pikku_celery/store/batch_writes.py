@@ -68,8 +68,9 @@ class BatchWrites(Protocol):
         later: Later,
     ) -> None: ...
 
-    def send(self, c: sa.Connection, later: Later) -> None:
-        """Send what waits in ``later``, in order, and empty it."""
+    def send(self, c: sa.Connection, later: Later, *, commit: bool = False) -> None:
+        """Send what waits in ``later``, in order, and empty it; ``commit``: the transaction
+        is the batch's own and ends here (the caller's COMMIT then finds nothing to do)."""
         ...
 
 
@@ -150,8 +151,8 @@ class PostgresWrites:
             rows = [{"run_id": run_id, "now": at} for run_id, at in complete.items()]
             self._set(later, sql.batches.complete_runs_pg, rows, run_ids=sorted(complete))
 
-    def send(self, c: sa.Connection, later: Later) -> None:
-        self._db.pipelined(c, later)
+    def send(self, c: sa.Connection, later: Later, *, commit: bool = False) -> None:
+        self._db.pipelined(c, later, commit=commit)
         later.clear()
 
     @staticmethod
@@ -229,5 +230,5 @@ class SqliteWrites:
             self._db.run_many(c, sql.attempts.touch_run, rows)
             self._db.run_many(c, sql.attempts.complete_run_if_done, rows)
 
-    def send(self, c: sa.Connection, later: Later) -> None:
-        """Nothing waits: each statement was sent as it came."""
+    def send(self, c: sa.Connection, later: Later, *, commit: bool = False) -> None:
+        """Nothing waits: each statement was sent as it came, and SQLAlchemy commits."""

@@ -90,7 +90,7 @@ class Batches:
             if transition.status not in TRANSITION_STATUSES:
                 raise InvalidStatus("attempt", transition.status, TRANSITION_STATUSES)
         with self._db.writers_in_turn(conn), self._db.write(conn) as c:
-            result = self._apply(c, batch)
+            result = self._apply(c, batch, commit=conn is None)
         if conn is not None:
             return result
         # Its chords and results were counted before the other batches' of the moment
@@ -108,11 +108,12 @@ class Batches:
 
     # --- the steps of one batch ---------------------------------------------------
 
-    def _apply(self, c: sa.Connection, batch: MirrorBatch) -> BatchResult:
+    def _apply(self, c: sa.Connection, batch: MirrorBatch, *, commit: bool) -> BatchResult:
         """Write what the batch can and report the steps it misses (nothing of theirs is
         written). What waits for what is the caller's to decide, but for three rules that
         need the rows this transaction finds: a new step after its run and the step it
-        follows, a result with its attempt, a run open while a new step of it waits."""
+        follows, a result with its attempt, a run open while a new step of it waits.
+        ``commit``: the transaction is the batch's own, committed with its last writes."""
         new_ids = {step.step_id for step in batch.steps}
         wanted = {t.step_id for t in batch.transitions} | {o.step_id for o in batch.outcomes}
         wanted |= {h.step_id for h in batch.handovers}
@@ -159,7 +160,7 @@ class Batches:
         # link is published before the success of the link that sends it.
         waiting = {s.run_id for s in batch.steps if s.step_id in missing}
         replay = self._write_outcomes(c, outcomes, known, waiting, released, later)
-        self._sql.send(c, later)
+        self._sql.send(c, later, commit=commit)
         return BatchResult(frozenset(missing), tuple(replay), tuple(fired))
 
     def _place_steps(
