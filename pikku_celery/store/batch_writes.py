@@ -48,10 +48,15 @@ class BatchWrites(Protocol):
     def steps_present(self, c: sa.Connection, step_ids: list[str]) -> set[str]: ...
 
     def write_steps(
-        self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
-    ) -> set[str]:
-        """Insert the steps; returns the ids of those known to be there now (the others
-        are looked up with ``steps_present``)."""
+        self,
+        c: sa.Connection,
+        rows: list[dict[str, Any]],
+        placed: Sequence[NewStep],
+        deliveries: list[dict[str, Any]],
+    ) -> tuple[set[str], set[str]]:
+        """Insert the steps and count the ``deliveries`` (``count_deliveries``); returns the
+        ids of the steps known to be there now (the others are looked up with
+        ``steps_present``) and the deliveries counted now."""
         ...
 
     def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]: ...
@@ -91,8 +96,12 @@ class PostgresWrites:
         return set(c.execute(sql.batches.steps_present_pg, {"step_ids": step_ids}).scalars())
 
     def write_steps(
-        self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
-    ) -> set[str]:
+        self,
+        c: sa.Connection,
+        rows: list[dict[str, Any]],
+        placed: Sequence[NewStep],
+        deliveries: list[dict[str, Any]],
+    ) -> tuple[set[str], set[str]]:
         # Steps of lone tasks bring their run; the two shapes never share a run,
         # so sending each shape as its own batch keeps names in publish order. Lone
         # tasks, the common case, go in one set-based statement.
@@ -107,13 +116,20 @@ class PostgresWrites:
                 else:
                     same.append(row)
             self._db.run_many(c, sql.attempts.schedule_step_pg(with_run), same)
-        if not lone:
-            return set()
-        # With the BEGIN of a batch that starts with them; the statement returns the steps
-        # it wrote and those that were there before it, so most batches look up none.
-        params = {"rows": _array(list(lone.values()))}
-        (present,) = self._db.pipelined(c, [(sql.batches.schedule_lone_steps_pg, params)])
-        return {step_id for (step_id,) in present}
+        # With the BEGIN of a batch that starts with them, and the deliveries in the same
+        # round trip; the statement returns the steps it wrote and those that were there
+        # before it, so most batches look up none.
+        calls: Later = []
+        if lone:
+            calls.append(
+                (sql.batches.schedule_lone_steps_pg, {"rows": _array(list(lone.values()))})
+            )
+        if deliveries:
+            calls.append((sql.batches.count_deliveries_pg, {"rows": _array(deliveries)}))
+        answers = self._db.pipelined(c, calls)
+        present = {step_id for (step_id,) in answers[0]} if lone else set()
+        counted = {event_id for (event_id,) in answers[-1]} if deliveries else set()
+        return present, counted
 
     def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]:
         text = _array(rows)
@@ -181,8 +197,12 @@ class SqliteWrites:
         return set(c.execute(sql.batches.steps_present, {"step_ids": step_ids}).scalars())
 
     def write_steps(
-        self, c: sa.Connection, rows: list[dict[str, Any]], placed: Sequence[NewStep]
-    ) -> set[str]:
+        self,
+        c: sa.Connection,
+        rows: list[dict[str, Any]],
+        placed: Sequence[NewStep],
+        deliveries: list[dict[str, Any]],
+    ) -> tuple[set[str], set[str]]:
         run_rows = [
             {
                 "workflow_run_id": r["run_id"],
@@ -203,7 +223,7 @@ class SqliteWrites:
             c.execute(self._sql.insert_run_once, run_rows)
         self._db.run_many(c, self._sql.schedule_step, rows)
         self._db.run_many(c, self._sql.schedule_attempt, rows)
-        return set()
+        return set(), self.count_deliveries(c, deliveries) if deliveries else set()
 
     def count_deliveries(self, c: sa.Connection, rows: list[dict[str, Any]]) -> set[str]:
         return set(c.execute(self._sql.count_deliveries, rows).scalars())

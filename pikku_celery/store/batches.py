@@ -125,7 +125,13 @@ class Batches:
                 known[step_id] = (int(attempt or 1), run_id, wire)
 
         placed, missing = self._place_steps(c, batch.steps, known)
-        missing |= self._write_steps(c, placed)
+        # The deliveries of the transitions whose step is there or about to be are counted
+        # with the steps' writes; those of a step that could not be written are taken back.
+        hopeful = {s.step_id for s in placed}
+        unwritten, counted = self._write_steps(
+            c, placed, [t for t in batch.transitions if t.step_id in known or t.step_id in hopeful]
+        )
+        missing |= unwritten
         written = [s for s in placed if s.step_id not in missing]
         self._open_chords(c, written)
         released = self._released_runs(c, written)
@@ -135,7 +141,8 @@ class Batches:
 
         transitions = [t for t in batch.transitions if t.step_id in known]
         missing |= {t.step_id for t in batch.transitions if t.step_id not in known}
-        counted = self._count_deliveries(c, transitions)
+        if unwritten:
+            counted -= self._uncount(c, batch.transitions, unwritten, counted)
         # The writes no answer is awaited of wait here (PostgreSQL), to go in one round trip.
         later: Later = []
         self._write_transitions(c, transitions, known, counted, later)
@@ -187,10 +194,15 @@ class Batches:
             present.add(step.step_id)
         return placed, missing
 
-    def _write_steps(self, c: sa.Connection, placed: Sequence[NewStep]) -> set[str]:
-        """Insert the steps; returns the ids of those that could not be (a name race)."""
+    def _write_steps(
+        self, c: sa.Connection, placed: Sequence[NewStep], hopeful: Sequence[StepTransition]
+    ) -> tuple[set[str], set[str]]:
+        """Insert the steps and count the deliveries of the ``hopeful`` transitions; returns
+        the ids of the steps that could not be written (a name race) and the deliveries
+        counted now."""
+        deliveries = self._delivery_rows(hopeful)
         if not placed:
-            return set()
+            return set(), self._sql.count_deliveries(c, deliveries) if deliveries else set()
         rows = [
             {
                 "run_id": s.run_id,
@@ -214,8 +226,8 @@ class Batches:
             }
             for s in placed
         ]
-        present = self._sql.write_steps(c, rows, placed)
-        return self._not_written(c, placed, present)
+        present, counted = self._sql.write_steps(c, rows, placed, deliveries)
+        return self._not_written(c, placed, present), counted
 
     def _open_chords(self, c: sa.Connection, written: Sequence[NewStep]) -> None:
         rows = [
@@ -249,17 +261,28 @@ class Batches:
         ids = sorted({s.step_id for s in placed} - present)
         return set(ids) - self._sql.steps_present(c, ids) if ids else set()
 
-    def _count_deliveries(
-        self, c: sa.Connection, transitions: Iterable[StepTransition]
-    ) -> set[str]:
-        rows = [
+    @staticmethod
+    def _delivery_rows(transitions: Iterable[StepTransition]) -> list[dict[str, Any]]:
+        return [
             {"event_id": event_id, "created_at": t.running_at or t.at}
             for t in transitions
             for event_id in t.delivery_ids
         ]
-        if not rows:
-            return set()
-        return self._sql.count_deliveries(c, rows)
+
+    def _uncount(
+        self,
+        c: sa.Connection,
+        transitions: Iterable[StepTransition],
+        unwritten: set[str],
+        counted: set[str],
+    ) -> set[str]:
+        """Forget the deliveries this batch counted of steps it could not write: their
+        transitions wait for a later batch, which counts them then."""
+        back = {d for t in transitions if t.step_id in unwritten for d in t.delivery_ids}
+        back &= counted
+        if back:
+            c.execute(sql.batches.uncount_deliveries, {"event_ids": sorted(back)})
+        return back
 
     def _write_transitions(
         self,

@@ -1,9 +1,11 @@
 """A batch's statements sent together (PostgreSQL's pipeline mode) fail and race as one
 statement at a time did: a dropped connection is an outage, and a publisher and a worker
-writing the same lone task at the same moment both land."""
+writing the same lone task at the same moment both land, and a step that cannot be written
+counts none of its deliveries."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import threading
 import time
@@ -15,6 +17,7 @@ import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
 from pikku_celery.errors import StoreUnavailable
+from pikku_celery.schema import mirror_deliveries
 from pikku_celery.store import MirrorBatch, NewStep, RunOutcome, StepTransition
 from pikku_celery.store.engine import make_engine
 from pikku_celery.store.mirror_batch import BatchResult
@@ -109,3 +112,23 @@ def test_a_worker_batch_racing_the_publishers_for_one_lone_task_lands_whole(
     assert result.missing == frozenset()  # nothing waits for a later batch
     assert store.get_step(step_id).status == "succeeded"
     assert store.get_run(step_id).status == "completed"
+
+
+def test_a_step_that_cannot_be_written_counts_none_of_its_deliveries(
+    pg_engine: sa.Engine,
+) -> None:
+    truncate(pg_engine)
+    store = WorkflowStore(pg_engine)
+    run_id = str(uuid.uuid4())
+    # Its run holds another step of its name already: the lone task's step waits.
+    other = dataclasses.replace(_published(str(uuid.uuid4())), run_id=run_id)
+    assert store.batches.apply_batch(MirrorBatch(steps=[other])).missing == frozenset()
+    batch = _ran(run_id)
+    [delivery] = batch.transitions[0].delivery_ids
+    assert store.batches.apply_batch(batch).missing == frozenset({run_id})
+    # Counted with the steps' writes, and taken back: a later batch counts it.
+    with pg_engine.connect() as conn:
+        ledger = conn.execute(
+            sa.select(mirror_deliveries.c.event_id).where(mirror_deliveries.c.event_id == delivery)
+        ).all()
+    assert ledger == []

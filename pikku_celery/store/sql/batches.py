@@ -51,6 +51,7 @@ __all__ = [
     "settle_runs_pg",
     "steps_present",
     "steps_present_pg",
+    "uncount_deliveries",
 ]
 
 P = sa.bindparam
@@ -90,6 +91,11 @@ def count_deliveries(insert: Upsert) -> Insert:
 
 
 prune_deliveries: Final = sa.delete(deliveries).where(deliveries.c.created_at < P("before"))
+
+#: Deliveries a batch counted of steps it could not write, taken back in its transaction.
+uncount_deliveries: Final = sa.delete(deliveries).where(
+    deliveries.c.event_id.in_(P("event_ids", expanding=True))
+)
 
 #: The runs held open by chords whose bodies are among these new steps: such a run may
 #: be another header task's (a chord applied outside any run makes a run per header task,
