@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from pikku_celery.durations import format_duration
 from pikku_celery.errors import InvalidDuration, InvalidStatus
 from pikku_celery.store import sql
+from pikku_celery.store.batch_writes import Later
 from pikku_celery.store.common import like_prefix, new_id
 from pikku_celery.store.connector import Connector
 from pikku_celery.store.mirror_batch import (
@@ -89,7 +90,7 @@ class Batches:
             if transition.status not in TRANSITION_STATUSES:
                 raise InvalidStatus("attempt", transition.status, TRANSITION_STATUSES)
         with self._db.writers_in_turn(conn), self._db.write(conn) as c:
-            result = self._apply(c, batch)
+            result = self._apply(c, batch, commit=conn is None)
         if conn is not None:
             return result
         # Its chords and results were counted before the other batches' of the moment
@@ -107,11 +108,12 @@ class Batches:
 
     # --- the steps of one batch ---------------------------------------------------
 
-    def _apply(self, c: sa.Connection, batch: MirrorBatch) -> BatchResult:
+    def _apply(self, c: sa.Connection, batch: MirrorBatch, *, commit: bool) -> BatchResult:
         """Write what the batch can and report the steps it misses (nothing of theirs is
         written). What waits for what is the caller's to decide, but for three rules that
         need the rows this transaction finds: a new step after its run and the step it
-        follows, a result with its attempt, a run open while a new step of it waits."""
+        follows, a result with its attempt, a run open while a new step of it waits.
+        ``commit``: the transaction is the batch's own, committed with its last writes."""
         new_ids = {step.step_id for step in batch.steps}
         wanted = {t.step_id for t in batch.transitions} | {o.step_id for o in batch.outcomes}
         wanted |= {h.step_id for h in batch.handovers}
@@ -123,7 +125,13 @@ class Batches:
                 known[step_id] = (int(attempt or 1), run_id, wire)
 
         placed, missing = self._place_steps(c, batch.steps, known)
-        missing |= self._write_steps(c, placed)
+        # The deliveries of the transitions whose step is there or about to be are counted
+        # with the steps' writes; those of a step that could not be written are taken back.
+        hopeful = {s.step_id for s in placed}
+        unwritten, counted = self._write_steps(
+            c, placed, [t for t in batch.transitions if t.step_id in known or t.step_id in hopeful]
+        )
+        missing |= unwritten
         written = [s for s in placed if s.step_id not in missing]
         self._open_chords(c, written)
         released = self._released_runs(c, written)
@@ -133,10 +141,15 @@ class Batches:
 
         transitions = [t for t in batch.transitions if t.step_id in known]
         missing |= {t.step_id for t in batch.transitions if t.step_id not in known}
-        counted = self._count_deliveries(c, transitions)
-        self._write_transitions(c, transitions, known, counted)
+        if unwritten:
+            counted -= self._uncount(c, batch.transitions, unwritten, counted)
+        # The writes no answer is awaited of wait here (PostgreSQL), to go in one round trip.
+        later: Later = []
+        self._write_transitions(c, transitions, known, counted, later)
         handovers = [h for h in batch.handovers if h.step_id in known]
         missing |= {h.step_id for h in batch.handovers if h.step_id not in known}
+        if handovers or batch.chord_parts or batch.results or batch.chords or batch.chords_sent:
+            self._sql.send(c, later)  # in order: what follows reads what these wrote
         self._write_handovers(c, handovers)
 
         # A result is written with its attempt's end: one whose step waits, waits with it.
@@ -153,7 +166,8 @@ class Batches:
         # lost a name race) is not done, whatever its written steps say: a chain's next
         # link is published before the success of the link that sends it.
         waiting = {s.run_id for s in batch.steps if s.step_id in missing}
-        replay = self._write_outcomes(c, outcomes, known, waiting, released)
+        replay = self._write_outcomes(c, outcomes, known, waiting, released, later)
+        self._sql.send(c, later, commit=commit)
         return BatchResult(frozenset(missing), tuple(replay), tuple(fired))
 
     def _place_steps(
@@ -180,10 +194,15 @@ class Batches:
             present.add(step.step_id)
         return placed, missing
 
-    def _write_steps(self, c: sa.Connection, placed: Sequence[NewStep]) -> set[str]:
-        """Insert the steps; returns the ids of those that could not be (a name race)."""
+    def _write_steps(
+        self, c: sa.Connection, placed: Sequence[NewStep], hopeful: Sequence[StepTransition]
+    ) -> tuple[set[str], set[str]]:
+        """Insert the steps and count the deliveries of the ``hopeful`` transitions; returns
+        the ids of the steps that could not be written (a name race) and the deliveries
+        counted now."""
+        deliveries = self._delivery_rows(hopeful)
         if not placed:
-            return set()
+            return set(), self._sql.count_deliveries(c, deliveries) if deliveries else set()
         rows = [
             {
                 "run_id": s.run_id,
@@ -207,8 +226,8 @@ class Batches:
             }
             for s in placed
         ]
-        self._sql.write_steps(c, rows, placed)
-        return self._not_written(c, placed)
+        present, counted = self._sql.write_steps(c, rows, placed, deliveries)
+        return self._not_written(c, placed, present), counted
 
     def _open_chords(self, c: sa.Connection, written: Sequence[NewStep]) -> None:
         rows = [
@@ -236,21 +255,34 @@ class Batches:
         latest = max(at.values())
         return dict.fromkeys(held.all(), latest)
 
-    def _not_written(self, c: sa.Connection, placed: Sequence[NewStep]) -> set[str]:
-        ids = sorted({s.step_id for s in placed})
-        return set(ids) - self._sql.steps_present(c, ids)
-
-    def _count_deliveries(
-        self, c: sa.Connection, transitions: Iterable[StepTransition]
+    def _not_written(
+        self, c: sa.Connection, placed: Sequence[NewStep], present: set[str]
     ) -> set[str]:
-        rows = [
+        ids = sorted({s.step_id for s in placed} - present)
+        return set(ids) - self._sql.steps_present(c, ids) if ids else set()
+
+    @staticmethod
+    def _delivery_rows(transitions: Iterable[StepTransition]) -> list[dict[str, Any]]:
+        return [
             {"event_id": event_id, "created_at": t.running_at or t.at}
             for t in transitions
             for event_id in t.delivery_ids
         ]
-        if not rows:
-            return set()
-        return self._sql.count_deliveries(c, rows)
+
+    def _uncount(
+        self,
+        c: sa.Connection,
+        transitions: Iterable[StepTransition],
+        unwritten: set[str],
+        counted: set[str],
+    ) -> set[str]:
+        """Forget the deliveries this batch counted of steps it could not write: their
+        transitions wait for a later batch, which counts them then."""
+        back = {d for t in transitions if t.step_id in unwritten for d in t.delivery_ids}
+        back &= counted
+        if back:
+            c.execute(sql.batches.uncount_deliveries, {"event_ids": sorted(back)})
+        return back
 
     def _write_transitions(
         self,
@@ -258,6 +290,7 @@ class Batches:
         transitions: Sequence[StepTransition],
         known: dict[str, tuple[int, str, Any]],
         counted: set[str],
+        later: Later,
     ) -> None:
         by_status: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
         for t in transitions:
@@ -290,7 +323,7 @@ class Batches:
         # One transition per attempt, so the order between statuses does not
         # matter: each statement's guard decides alone whether it moves a row.
         for status, keyed in by_status.items():
-            self._sql.write_transitions(c, status, list(keyed.values()))
+            self._sql.write_transitions(c, status, list(keyed.values()), later)
 
     def _write_handovers(self, c: sa.Connection, handovers: Sequence[Handover]) -> None:
         # After the transitions: the replaced attempt's own start is in the same batch
@@ -309,6 +342,7 @@ class Batches:
         known: dict[str, tuple[int, str, Any]],
         waiting: set[str],
         released: dict[str, dt.datetime],
+        later: Later,
     ) -> list[str]:
         complete = {run_id: at for run_id, at in released.items() if run_id not in waiting}
         settle: dict[str, dict[str, Any]] = {}
@@ -327,10 +361,10 @@ class Batches:
                     run_id,
                     {"run_id": run_id, "new_status": o.kind, "error": o.error_json, "now": o.at},
                 )
-        for row in self._unsent_bodies(c, outcomes, known):
+        for row in self._unsent_bodies(c, outcomes, known, later):
             settle.setdefault(row["run_id"], row)
             complete.pop(row["run_id"], None)
-        self._sql.write_outcomes(c, complete, list(settle.values()))
+        self._sql.write_outcomes(c, complete, list(settle.values()), later)
         return replay
 
     def _unsent_bodies(
@@ -338,6 +372,7 @@ class Batches:
         c: sa.Connection,
         outcomes: Sequence[RunOutcome],
         known: dict[str, tuple[int, str, Any]],
+        later: Later,
     ) -> list[dict[str, Any]]:
         """The runs held open by chords whose header task ended for good: Celery fails such
         a chord's body in its backend and never sends it, so each held run fails now.
@@ -354,6 +389,7 @@ class Batches:
         }
         if not failed:
             return []
+        self._sql.send(c, later)  # it reads the steps the batch wrote
         held = c.execute(sql.batches.runs_held_by_unsent_bodies, {"body_ids": sorted(failed)})
         rows = []
         claims = [

@@ -20,6 +20,7 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 16 * 1024 * 1024
 
 # A NUL character in a JSON string: an odd run of backslashes before u0000.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+_NULL: Final = "null"
 
 
 class JsonCodec:
@@ -33,6 +34,8 @@ class JsonCodec:
         self._allow_nul = allow_nul
 
     def encode(self, value: Any, what: str) -> str:
+        if value is None and self.max_bytes >= len(_NULL):
+            return _NULL  # most tasks return nothing: their result costs no json.dumps
         try:
             text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
             size = len(text.encode("utf-8"))

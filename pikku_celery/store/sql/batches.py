@@ -51,6 +51,7 @@ __all__ = [
     "settle_runs_pg",
     "steps_present",
     "steps_present_pg",
+    "uncount_deliveries",
 ]
 
 P = sa.bindparam
@@ -90,6 +91,11 @@ def count_deliveries(insert: Upsert) -> Insert:
 
 
 prune_deliveries: Final = sa.delete(deliveries).where(deliveries.c.created_at < P("before"))
+
+#: Deliveries a batch counted of steps it could not write, taken back in its transaction.
+uncount_deliveries: Final = sa.delete(deliveries).where(
+    deliveries.c.event_id.in_(P("event_ids", expanding=True))
+)
 
 #: The runs held open by chords whose bodies are among these new steps: such a run may
 #: be another header task's (a chord applied outside any run makes a run per header task,
@@ -238,13 +244,14 @@ _LONE_ROWS: Final = (
 )
 
 
-def _schedule_lone_steps() -> sa.Select[Any]:
+def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
     """Lone tasks (each its own run, under its own task id): every run, step and first
     attempt of the batch in one statement, whatever the number of tasks.
 
     A lone task's run holds no other step, so its step takes its name as it is; one
     that exists already (a publish written twice, or adopted by its worker first) is
     left as it is, with its attempt. Each step id comes once (the caller sees to it).
+    Returns the ids of the steps that are there now, as far as it can tell.
     """
     lone = _rows("lone", _LONE_ROWS)
     text = sa.Text()
@@ -334,7 +341,12 @@ def _schedule_lone_steps() -> sa.Select[Any]:
             sa.literal("first", text),
         ).select_from(step.join(lone, lone.c.step_id == step.c.workflow_step_id)),
     )
-    query = sa.select(step.c.workflow_step_id)
+    # The steps written, and those there before it: its snapshot is the statement's, so a
+    # step another batch wrote meanwhile is in neither, and the caller looks it up.
+    existing = sa.select(steps.c.workflow_step_id).join(
+        lone, lone.c.step_id == steps.c.workflow_step_id
+    )
+    query = sa.union_all(sa.select(step.c.workflow_step_id), existing)
     query = query.add_cte(run.on_conflict_do_nothing(index_elements=["workflow_run_id"]).cte("run"))
     return query.add_cte(attempt.cte("attempt"))
 

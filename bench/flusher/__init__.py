@@ -1,0 +1,1 @@
+"""The node flusher's CPU per task alone: see ``__main__``."""
