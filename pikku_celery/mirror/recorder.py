@@ -194,6 +194,11 @@ class Recorder:
         """Events appended and written, commits, and each event's lag to its COMMIT."""
         return self.sink.stats()
 
+    @property
+    def journal_failures(self) -> int:
+        """Events this process could not journal (a full or read-only disk): lost."""
+        return self._lost.count
+
     def on_committed(self, listener: Committed) -> None:
         """Called with the durable-workflow runs to replay, after their step's end commits."""
         self._after.on_committed(listener)
