@@ -62,9 +62,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _private_redis.stop()
 
 
-# `make test` runs each test file's tests in one process (`--dist loadfile`): a file's
-# module-scoped workers start once, and a test that cuts connections server-wide (the result
-# listener's) is not run beside another of its file.
+# `make test` runs each test file's tests in one process (`--dist loadfile`), so a file's
+# module-scoped workers start once. The files whose tests pytest-celery parametrizes:
 _SORTED = ("tests/docker/",)
 
 
