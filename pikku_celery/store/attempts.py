@@ -57,11 +57,13 @@ class Attempts:
         eta: dt.datetime | None = None,
         reason: str | None = None,
         at: dt.datetime | None = None,
+        run_id: str | None = None,
         conn: sa.Connection | None = None,
     ) -> None:
         """Attempt ``attempt`` of the step moved to ``status``: both rows, no read first.
 
-        ``at``: when it happened (default now).
+        ``at``: when it happened (default now). ``run_id``: the step's run, if the caller
+        knows it (the statements then name it; else they look it up by the step's id).
 
         The attempt row is created if it does not exist yet. A ``running``
         event for an attempt that already ran is a redelivery: it adds to the
@@ -73,6 +75,7 @@ class Attempts:
             raise ValueError(f"Attempts are numbered from 1, not {attempt}.")
         timestamp = at or now()
         params: dict[str, Any] = {
+            "run_id": run_id,
             "step_id": step_id,
             "attempt_no": attempt,
             "history_id": new_id(),

@@ -69,7 +69,7 @@ class Dialect(ABC):
         self.claim_step: Final = sql.claims.claim_step(insert)
         self.upsert_workflow_version: Final = sql.versions.upsert_workflow_version(insert)
         self.insert_run_if_absent: Final = sql.workflows.insert_run_if_absent(insert)
-        self.open_chord: Final = sql.batches.open_chord(insert)
+        self.open_chord: Final = sql.batches.open_chord(insert, self._typed)
         self.take_lease: Final = sql.leases.take(insert, self.clock)
         self.renew_lease: Final = sql.leases.renew(self.clock)
         self.release_lease: Final = sql.leases.release(self.clock)
@@ -91,6 +91,11 @@ class Dialect(ABC):
     @abstractmethod
     def among(key: sa.ColumnElement[Any], ids: sa.ScalarSelect[Any]) -> sa.ColumnElement[bool]:
         """``key`` is one of the ids the subquery selects."""
+
+    @staticmethod
+    @abstractmethod
+    def _typed(name: str, type_: Any) -> sa.ColumnElement[Any]:
+        """A parameter of a given type inside INSERT ... SELECT, the dialect's way."""
 
     @abstractmethod
     def record_attempt(self, status: str) -> tuple[sa.Executable, ...]:
@@ -135,6 +140,11 @@ class PostgreSQL(Dialect):
         # the subquery against a scan of the whole table, so a batch costs as much as the
         # table is large; ``= ANY(ARRAY(...))`` looks each id up in the key's index instead.
         return key == sa.any_(sa.func.array(ids))
+
+    @staticmethod
+    def _typed(name: str, type_: Any) -> sa.ColumnElement[Any]:
+        # In INSERT ... SELECT, PostgreSQL needs each parameter's type spelled out.
+        return sa.cast(sa.bindparam(name), type_)
 
     def record_attempt(self, status: str) -> tuple[sa.Executable, ...]:
         # The step row's update rides along in the same statement: one round trip.

@@ -22,9 +22,10 @@ from tests.conftest import PgServer
 from tests.support import transitions
 
 EXPECTED_INDEXES = {
-    "workflow_step_history": ["workflow_step_id", "created_at"],
+    "workflow_step_history": ["workflow_run_id", "workflow_step_id", "created_at"],
     "workflow_runs": ["status", "created_at"],
     "workflow_step": ["workflow_run_id", "status"],
+    "pikku_celery_chords": ["body_id"],
     "workflow_versions": ["source", "status"],
 }
 
@@ -69,7 +70,20 @@ def test_every_declared_index_exists_with_its_leading_columns(empty_url: str) ->
         for table in ("workflow_step", "workflow_step_history")
     }
     assert ["workflow_run_id", "step_name"] in uniques["workflow_step"]
-    assert ["workflow_step_id", "attempt"] in uniques["workflow_step_history"]
+    assert ["workflow_run_id", "workflow_step_id", "attempt"] in uniques["workflow_step_history"]
+    # Every key of a run-keyed table leads with its run (revision 0013).
+    for table in (
+        "workflow_step",
+        "workflow_step_history",
+        "pikku_celery_deliveries",
+        "pikku_celery_run_events",
+        "pikku_celery_chords",
+    ):
+        key = inspector.get_pk_constraint(table)["constrained_columns"]
+        assert key[0] == "workflow_run_id", (table, key)
+    [to_step] = inspector.get_foreign_keys("workflow_step_history")
+    assert to_step["constrained_columns"] == ["workflow_run_id", "workflow_step_id"]
+    assert to_step["options"].get("ondelete") == "CASCADE"
     assert "pikku_celery_alembic_version" in inspector.get_table_names()
     assert "alembic_version" not in inspector.get_table_names()
     store.close()

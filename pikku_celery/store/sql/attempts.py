@@ -7,7 +7,7 @@ forward, and the step row only follows its newest attempt.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any, Final
 
@@ -24,6 +24,7 @@ from pikku_celery.store.sql.runs import STEP_COLUMNS
 from pikku_celery.store.sql.spelling import Parameter, Upsert
 
 __all__ = [
+    "ATTEMPT_KEY",
     "TIMESTAMP_COLUMN",
     "Source",
     "add_next_attempt",
@@ -31,6 +32,7 @@ __all__ = [
     "attempt_upsert",
     "attempt_values",
     "complete_run_if_done",
+    "inline_text",
     "insert_attempt",
     "insert_run_once",
     "last_result",
@@ -66,13 +68,38 @@ TIMESTAMP_COLUMN: Final[dict[str, str | None]] = {
 
 def ranked_below(column: sa.ColumnElement[Any], status: str) -> sa.ColumnElement[bool]:
     """The column's status ranks below ``status`` (``STATUS_RANK``), spelled as the statuses
-    it rules out: short SQL (a batch statement holds it many times), nothing to evaluate."""
+    it rules out: short SQL (a batch statement holds it many times), nothing to evaluate.
+
+    The statuses are written into the SQL, not bound: Citus cannot type a bound parameter
+    inside ``ON CONFLICT DO UPDATE`` of an ``INSERT ... SELECT``."""
     at_or_above = [name for name, order in STATUS_RANK.items() if order >= STATUS_RANK[status]]
-    return sa.and_(*(column != name for name in at_or_above))
+    return sa.and_(*(column != inline_text(name) for name in at_or_above))
+
+
+# The constants these statements compare with, written into their SQL text.
+_INLINE: Final[Mapping[str, sa.ColumnElement[Any]]] = {
+    "pending": sa.literal_column("'pending'", sa.Text),
+    "scheduled": sa.literal_column("'scheduled'", sa.Text),
+    "lost": sa.literal_column("'lost'", sa.Text),
+    "running": sa.literal_column("'running'", sa.Text),
+    "succeeded": sa.literal_column("'succeeded'", sa.Text),
+    "failed": sa.literal_column("'failed'", sa.Text),
+    "cancelled": sa.literal_column("'cancelled'", sa.Text),
+    "true": sa.literal_column("'true'", sa.Text),
+}
+_ZERO: Final = sa.literal_column("0", sa.Integer)
+
+
+def inline_text(value: str) -> sa.ColumnElement[Any]:
+    """A status (or ``'true'``) written into the statement's text, not bound."""
+    return _INLINE[value]
 
 
 insert_attempt: Final = sa.insert(history)
 _TERMINAL: Final = ("succeeded", "failed", "cancelled")
+
+#: The unique key of an attempt row: its run first (revision 0013).
+ATTEMPT_KEY: Final = ["workflow_run_id", "workflow_step_id", "attempt"]
 _EXECUTION_COLUMNS: Final = ("task_id", "worker", "pid", "eta")
 _WHERE_IT_RAN: Final = ("worker", "pid")
 
@@ -164,6 +191,7 @@ def schedule_step_pg(with_run: bool) -> sa.Select[Any]:
     step = schedule_step(postgresql.insert, _cast).cte("step")
     attempt_values: dict[str, Any] = {
         "history_id": _typed("history_id", history.c.history_id),
+        "workflow_run_id": _typed("run_id", history.c.workflow_run_id),
         "workflow_step_id": step.c.workflow_step_id,
         "attempt": sa.literal(1, sa.Integer),
         "status": sa.literal("scheduled", sa.Text),
@@ -199,6 +227,7 @@ def schedule_step_pg(with_run: bool) -> sa.Select[Any]:
 def schedule_attempt(insert: Upsert) -> Insert:
     values = insert(history).values(
         history_id=P("history_id"),
+        workflow_run_id=P("run_id"),
         workflow_step_id=P("step_id"),
         attempt=1,
         status="scheduled",
@@ -208,9 +237,7 @@ def schedule_attempt(insert: Upsert) -> Insert:
         task_id=P("task_id"),
         reason="first",
     )
-    statement: Insert = values.on_conflict_do_nothing(
-        index_elements=["workflow_step_id", "attempt"]
-    )
+    statement: Insert = values.on_conflict_do_nothing(index_elements=ATTEMPT_KEY)
     return statement
 
 
@@ -302,6 +329,7 @@ def record_attempt_step(status: str) -> Update:
     return (
         sa.update(steps)
         .where(
+            steps.c.workflow_run_id == _run_of_step,
             steps.c.workflow_step_id == P("step_id"),
             sa.or_(step_moves(status), step_policy(status)),
         )
@@ -311,11 +339,23 @@ def record_attempt_step(status: str) -> Update:
 
 _STAMPS: Final = ("scheduled_at", "running_at")
 
+_by_id = steps.alias("by_id")
+# The run of the step an event names: the event's own when it knows it (the mirror's
+# batches), else looked up by the step's id (a direct caller that names only the step).
+_run_of_step = sa.func.coalesce(
+    P("run_id", type_=sa.Text()),
+    sa.select(_by_id.c.workflow_run_id)
+    .where(_by_id.c.workflow_step_id == P("step_id", type_=sa.Text()))
+    .limit(1)
+    .scalar_subquery(),
+)
+
 
 def attempt_values(status: str, v: Source = _bound) -> dict[str, Any]:
     stamp = TIMESTAMP_COLUMN[status]
     values: dict[str, Any] = {
         "history_id": v("history_id"),
+        "workflow_run_id": v("run_id") if v is not _bound else _run_of_step,
         "workflow_step_id": v("step_id"),
         "attempt": v("attempt_no"),
         "status": sa.literal(status, sa.Text) if v is not _bound else status,
@@ -363,7 +403,7 @@ def attempt_upsert(insert: Any, status: str) -> Insert:
     # the row describes its last delivery, so what the attempt took is the execution that
     # ends it, not the killed one before it too; ``delivery_count`` tells it was redelivered.
     redelivered = sa.and_(
-        excluded.delivery_count > 0,
+        excluded.delivery_count > _ZERO,
         excluded.running_at > history.c.running_at,
         history.c.succeeded_at.is_(None),
         history.c.failed_at.is_(None),
@@ -398,9 +438,7 @@ def attempt_upsert(insert: Any, status: str) -> Insert:
             if column in _WHERE_IT_RAN
             else latest
         )
-    statement: Insert = insert.on_conflict_do_update(
-        index_elements=["workflow_step_id", "attempt"], set_=updates
-    )
+    statement: Insert = insert.on_conflict_do_update(index_elements=ATTEMPT_KEY, set_=updates)
     return statement
 
 
@@ -441,10 +479,16 @@ _leaf = steps.alias("leaf")
 _own = steps.alias("own")
 # A lone task's run is named after its task: its output is that task's result, as
 # Celery's own result of that id is (a task that spawned others, or replaced itself).
-_is_lone_task = sa.exists().where(_own.c.workflow_step_id == runs.c.workflow_run_id)
+_is_lone_task = sa.exists().where(
+    _own.c.workflow_run_id == runs.c.workflow_run_id,
+    _own.c.workflow_step_id == runs.c.workflow_run_id,
+)
 _own_result = (
     sa.select(_own.c.result)
-    .where(_own.c.workflow_step_id == runs.c.workflow_run_id)
+    .where(
+        _own.c.workflow_run_id == runs.c.workflow_run_id,
+        _own.c.workflow_step_id == runs.c.workflow_run_id,
+    )
     .scalar_subquery()
 )
 
@@ -467,18 +511,19 @@ _last_result = sa.case((_is_lone_task, _own_result), else_=_leaf_result)
 
 last_result: Final = _last_result
 
-_body = steps.alias("body")
-
 #: Every step of the run has succeeded, and no chord of it waits for its body
-#: (checked in SQL, as the statement runs).
+#: (checked in SQL, as the statement runs). Only the run's own rows are read: whether a
+#: chord's body is written (it may be in another run) is a flag on the chord's row,
+#: set when the body's step is written.
 all_steps_succeeded: Final = sa.and_(
     ~sa.exists().where(
         steps.c.workflow_run_id == runs.c.workflow_run_id,
-        steps.c.status != "succeeded",
+        steps.c.status != inline_text("succeeded"),
     ),
     ~sa.exists().where(
         chords.c.workflow_run_id == runs.c.workflow_run_id,
-        ~sa.exists().where(_body.c.workflow_step_id == chords.c.body_id),
+        # Text on both databases: ``'true'`` is how each spells the flag as text.
+        sa.cast(chords.c.body_written, sa.Text) != inline_text("true"),
     ),
 )
 
@@ -521,6 +566,7 @@ def retry_attempt_pg(status: str) -> sa.Select[Any]:
     step = _retry_step_update(status).returning(*STEP_COLUMNS).cte("step")
     values: dict[str, Any] = {
         "history_id": _typed("history_id", history.c.history_id),
+        "workflow_run_id": step.c.workflow_run_id,
         "workflow_step_id": step.c.workflow_step_id,
         "attempt": step.c.current_attempt,
         "status": sa.literal(status, sa.Text),
@@ -542,6 +588,7 @@ def add_next_attempt(status: str) -> Insert:
     in the same transaction); nothing for a step that does not exist."""
     values: dict[str, Any] = {
         "history_id": P("history_id", type_=history.c.history_id.type),
+        "workflow_run_id": steps.c.workflow_run_id,
         "workflow_step_id": steps.c.workflow_step_id,
         "attempt": sa.func.coalesce(steps.c.current_attempt, 1) + 1,
         "status": sa.literal(status, sa.Text),
