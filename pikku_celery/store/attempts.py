@@ -113,15 +113,23 @@ class Attempts:
         status: NewAttemptStatus = "pending",
         *,
         reason: str = "retry",
+        run_id: str | None = None,
         conn: sa.Connection | None = None,
     ) -> StepState:
         """Move the step to attempt n+1 and add that attempt's row, atomically.
 
         ``reason`` is recorded on the attempt: ``retry``, ``resume``, ``rerun``...
+        ``run_id``: the step's run, if the caller knows it (else looked up by step id).
         """
         if status not in _NEW_ATTEMPT_STATUSES:
             raise InvalidStatus("new attempt", status, _NEW_ATTEMPT_STATUSES)
-        params = {"step_id": step_id, "now": now(), "history_id": new_id(), "reason": reason}
+        params = {
+            "run_id": run_id,
+            "step_id": step_id,
+            "now": now(),
+            "history_id": new_id(),
+            "reason": reason,
+        }
         *first, moving = self._db.sql.next_attempt(status)
         with self._db.single(conn) as c:
             for statement in first:

@@ -42,6 +42,7 @@ __all__ = [
     "record_attempt_step",
     "retry_attempt_pg",
     "retry_attempt_sqlite",
+    "run_of_step",
     "schedule_attempt",
     "schedule_step",
     "schedule_step_pg",
@@ -127,7 +128,11 @@ _parent = steps.alias("parent")
 # its run (``add#2``), read when the follower is written.
 _parent_name = (
     sa.select(_parent.c.step_name)
-    .where(_parent.c.workflow_step_id == P("parent_step_id", type_=sa.Text()))
+    .where(
+        # A step follows a step of its own run (the publishing task's).
+        _parent.c.workflow_run_id == P("run_id", type_=sa.Text()),
+        _parent.c.workflow_step_id == P("parent_step_id", type_=sa.Text()),
+    )
     .scalar_subquery()
 )
 
@@ -329,7 +334,7 @@ def record_attempt_step(status: str) -> Update:
     return (
         sa.update(steps)
         .where(
-            steps.c.workflow_run_id == _run_of_step,
+            steps.c.workflow_run_id == run_of_step,
             steps.c.workflow_step_id == P("step_id"),
             sa.or_(step_moves(status), step_policy(status)),
         )
@@ -342,7 +347,7 @@ _STAMPS: Final = ("scheduled_at", "running_at")
 _by_id = steps.alias("by_id")
 # The run of the step an event names: the event's own when it knows it (the mirror's
 # batches), else looked up by the step's id (a direct caller that names only the step).
-_run_of_step = sa.func.coalesce(
+run_of_step: Final = sa.func.coalesce(
     P("run_id", type_=sa.Text()),
     sa.select(_by_id.c.workflow_run_id)
     .where(_by_id.c.workflow_step_id == P("step_id", type_=sa.Text()))
@@ -355,7 +360,7 @@ def attempt_values(status: str, v: Source = _bound) -> dict[str, Any]:
     stamp = TIMESTAMP_COLUMN[status]
     values: dict[str, Any] = {
         "history_id": v("history_id"),
-        "workflow_run_id": v("run_id") if v is not _bound else _run_of_step,
+        "workflow_run_id": v("run_id") if v is not _bound else run_of_step,
         "workflow_step_id": v("step_id"),
         "attempt": v("attempt_no"),
         "status": sa.literal(status, sa.Text) if v is not _bound else status,
@@ -549,7 +554,7 @@ settle_run: Final = (
 def _retry_step_update(status: str) -> Update:
     return (
         sa.update(steps)
-        .where(steps.c.workflow_step_id == P("step_id"))
+        .where(steps.c.workflow_run_id == run_of_step, steps.c.workflow_step_id == P("step_id"))
         .values(
             status=status,
             result=None,
@@ -598,7 +603,9 @@ def add_next_attempt(status: str) -> Insert:
     stamp = TIMESTAMP_COLUMN[status]
     if stamp is not None:
         values[stamp] = P("now", type_=history.c.created_at.type)
-    select = sa.select(*values.values()).where(steps.c.workflow_step_id == P("step_id"))
+    select = sa.select(*values.values()).where(
+        steps.c.workflow_run_id == run_of_step, steps.c.workflow_step_id == P("step_id")
+    )
     return sa.insert(history).from_select(list(values), select)
 
 
