@@ -396,9 +396,25 @@ def test_0013_keys_rows_of_0012_by_their_run_and_its_downgrade_keeps_them(
         (2,)  # s1's and s2's; s3's went with its run
     ]
 
+    # A step id written in a second run, which the new keys allow: the old ones do not,
+    # so the downgrade keeps the first row and its attempts.
+    store.create_run("again", {}, run_id="r3")
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO workflow_step (workflow_step_id, workflow_run_id, step_name, "
+                "status, created_at, updated_at) VALUES ('s1', 'r3', 'a', 'running', :at, :at)"
+            ),
+            {"at": dt.datetime.now(dt.timezone.utc)},
+        )
+    store.attempts.record_attempt("s1", 1, "running", run_id="r3")
+
     migrate.downgrade(store.engine, "0012")
     kept = "SELECT workflow_step_id, attempt FROM workflow_step_history ORDER BY 1, 2"
     assert _raw(store.engine, kept) == [("s1", 1), ("s1", 2), ("s2", 1)]
+    assert _raw(
+        store.engine, "SELECT workflow_run_id FROM workflow_step WHERE workflow_step_id = 's1'"
+    ) == [("r1",)]
     assert _raw(store.engine, "SELECT event_id FROM pikku_celery_deliveries") == [("d1",)]
     bodies = "SELECT body_id FROM pikku_celery_chords ORDER BY body_id"
     assert _raw(store.engine, bodies) == [("not-out",), ("s2",)]

@@ -65,6 +65,17 @@ _FILL_HISTORY_RUN: Final = (
     "UPDATE workflow_step_history SET workflow_run_id = (SELECT s.workflow_run_id "
     "FROM workflow_step s WHERE s.workflow_step_id = workflow_step_history.workflow_step_id)"
 )
+# Downgrade: the old keys hold one row per step id and per delivery; the first written
+# stays (a step's attempts go with a step dropped, through their foreign key).
+_ONE_STEP_EACH: Final = (
+    "DELETE FROM workflow_step s USING workflow_step t "
+    "WHERE s.workflow_step_id = t.workflow_step_id AND (s.created_at, s.ctid) > "
+    "(t.created_at, t.ctid)"
+)
+_ONE_DELIVERY_EACH: Final = (
+    "DELETE FROM pikku_celery_deliveries d USING pikku_celery_deliveries e "
+    "WHERE d.event_id = e.event_id AND d.ctid > e.ctid"
+)
 _FILL_BODY_WRITTEN: Final = (
     "UPDATE pikku_celery_chords SET body_written = true WHERE EXISTS (SELECT 1 "
     "FROM workflow_step s WHERE s.workflow_step_id = pikku_celery_chords.body_id)"
@@ -486,6 +497,8 @@ def downgrade() -> None:
             },
         )
         return
+    # First, while the attempts' foreign key still takes them with their step.
+    op.execute(_ONE_STEP_EACH)
     op.drop_index("idx_pikku_celery_chords_body", table_name="pikku_celery_chords")
     op.create_index("idx_pikku_celery_chords_run", "pikku_celery_chords", ["workflow_run_id"])
     op.execute(
@@ -495,6 +508,7 @@ def downgrade() -> None:
     _pg_key("pikku_celery_chords", "pk_pikku_celery_chords", "body_id")
     op.drop_column("pikku_celery_chords", "body_written")
     _pg_key("pikku_celery_run_events", "pk_pikku_celery_run_events", "event_id")
+    op.execute(_ONE_DELIVERY_EACH)
     _pg_key("pikku_celery_deliveries", "pk_pikku_celery_deliveries", "event_id")
     op.drop_column("pikku_celery_deliveries", "workflow_run_id")
 
