@@ -21,8 +21,11 @@ TRANSITION_STATUSES: Final = ("scheduled", "running", "succeeded", "failed", "ca
 BOUND: Final = re.compile(r"%\(\w+\)s")
 
 
+_PG: Final = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+
 def _pg(statement: Any) -> str:
-    return str(statement.compile(dialect=postgresql.dialect()))
+    return str(statement.compile(dialect=_PG))
 
 
 @pytest.mark.parametrize("status", TRANSITION_STATUSES)
