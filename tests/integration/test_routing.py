@@ -251,7 +251,7 @@ def judge(recorder: StatementRecorder, copy: PartitionedCopy, keys: set[str]) ->
     verdicts: dict[str, Verdict] = defaultdict(Verdict)
     unknown: list[Execution] = []
     planned: dict[str, int] = defaultdict(int)
-    remainder = copy.remainders(keys)
+    remainders = {table: copy.remainders(table, keys) for table in DISTRIBUTED}
     for execution in recorder.executions:
         if execution.name is None:
             unknown.append(execution)
@@ -267,8 +267,8 @@ def judge(recorder: StatementRecorder, copy: PartitionedCopy, keys: set[str]) ->
                 verdict.refused.add(touch.refused)
                 continue
             carried = carried_strings(parameters) & keys
-            allowed = {remainder[key] for key in carried}
             for table, kept in touch.partitions.items():
+                allowed = {remainders[table][key] for key in carried}
                 if len(kept) > verdict.widest.get(table, (0, 0))[0]:
                     verdict.widest[table] = (len(kept), len(carried))
                 if touch.locks and len(kept) > 1:

@@ -194,7 +194,7 @@ def carried_strings(parameters: Any) -> set[str]:
     def walk(value: Any) -> None:
         if isinstance(value, str):
             found.add(value)
-            if value[:1] in "[{":
+            if value.startswith(("[", "{")):
                 try:
                     walk(json.loads(value))
                 except ValueError:
@@ -255,7 +255,7 @@ class PartitionedCopy:
         # and drops the pairs one side has pruned, as Citus joins co-located shards.
         self._conn.execute("SET enable_partitionwise_join = on")
         self._conn.execute("SET enable_partitionwise_aggregate = on")
-        self._remainders: dict[str, int] = {}
+        self._remainders: dict[str, dict[str, int]] = {}
 
     def close(self) -> None:
         self._conn.close()
@@ -301,27 +301,27 @@ class PartitionedCopy:
                     definition = definition.replace("CREATE UNIQUE INDEX", "CREATE INDEX", 1)
                 c.execute(definition)
 
-    def remainders(self, values: Iterable[str]) -> dict[str, int]:
-        """The partition (remainder) each text key falls in, as PostgreSQL hashes it."""
-        wanted = sorted(set(values) - set(self._remainders))
+    def remainders(self, table: str, values: Iterable[str]) -> dict[str, int]:
+        """The partition (remainder) of ``table`` each key value falls in, as PostgreSQL
+        hashes it (Citus hashes otherwise, into other shards, but alike: one key value, one
+        place)."""
+        known = self._remainders.setdefault(table, {})
+        wanted = sorted(set(values) - set(known))
         if wanted:
-            parent = next(iter(DISTRIBUTED))
             rows = self._conn.execute(
                 "SELECT v, r FROM unnest(%s::text[]) v, generate_series(0, %s) r "
                 "WHERE satisfies_hash_partition(%s::regclass, %s, r, v)",
-                (wanted, PARTITIONS - 1, parent, PARTITIONS),
+                (wanted, PARTITIONS - 1, table, PARTITIONS),
             ).fetchall()
-            self._remainders.update({value: remainder for value, remainder in rows})
-        return self._remainders
+            known.update({value: remainder for value, remainder in rows})
+        return known
 
     def touched(self, text: str, parameters: Any) -> Touch:
         """EXPLAIN (no ANALYZE: nothing runs) with the real parameters: the partitions of
         each distributed table left after plan-time pruning (those the executor prunes
         at start are shown as removed subplans, and not named)."""
         try:
-            [[plan]] = self._conn.execute(
-                f"EXPLAIN (FORMAT JSON) {text}", parameters or None
-            ).fetchall()
+            [[plan]] = self._conn.execute(f"EXPLAIN (FORMAT JSON) {text}", parameters).fetchall()
         except psycopg.Error as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return Touch(refused=first)
