@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from pikku_celery import PikkuCelery, WorkflowStore
 from pikku_celery.mirror import Recorder, result_stored
 from pikku_celery.mirror.events import chord_applied, chord_sent
+from pikku_celery.schema import metadata
 from pikku_celery.schema.distribution import DISTRIBUTED
 from pikku_celery.store import now
 from pikku_celery.store.sql.fan_out import FAN_OUT, NOT_YET_KEYED
@@ -75,6 +76,7 @@ class Routing:
     verdicts: dict[str, Verdict]
     unknown: list[Execution]
     seconds: dict[str, float]
+    copy: PartitionedCopy
 
 
 def _results(mirror: Recorder, task_ids: list[str], attempt: int = 1) -> None:
@@ -281,7 +283,7 @@ def judge(recorder: StatementRecorder, copy: PartitionedCopy, keys: set[str]) ->
                         f"{table}: {len(kept)} of {PARTITIONS} partitions for "
                         f"{len(carried)} key(s), {len(beyond)} beyond them"
                     )
-    return Routing(dict(verdicts), unknown, {})
+    return Routing(dict(verdicts), unknown, {}, copy)
 
 
 @pytest.fixture(scope="module")
@@ -347,6 +349,40 @@ def _report(routing: Routing) -> str:
 def test_every_table_is_distributed_by_one_of_its_columns_or_a_reference_table() -> None:
     assert unclassified_tables() == set()
     assert missing_keys() == {}
+
+
+def test_the_partitioned_copy_keeps_the_partitions_a_key_falls_in(routing: Routing) -> None:
+    copy = routing.copy
+    run_id = str(uuid.uuid4())
+    [remainder] = {copy.remainders("workflow_runs", [run_id])[run_id]}
+    one = copy.touched("SELECT * FROM workflow_runs WHERE workflow_run_id = %(id)s", {"id": run_id})
+    assert one.partitions == {"workflow_runs": {remainder}}
+    # A run's steps and their run: the join pairs the partitions of one key only.
+    joined = copy.touched(
+        "SELECT * FROM workflow_step s JOIN workflow_runs r USING (workflow_run_id) "
+        "WHERE s.workflow_run_id = %(id)s",
+        {"id": run_id},
+    )
+    assert joined.partitions == {"workflow_step": {remainder}, "workflow_runs": {remainder}}
+    every = copy.touched("SELECT count(*) FROM workflow_runs WHERE status = %(s)s", {"s": "x"})
+    assert every.partitions == {"workflow_runs": set(range(PARTITIONS))}
+    locked = copy.touched(
+        "SELECT 1 FROM workflow_runs WHERE workflow_run_id = ANY(%(ids)s) FOR UPDATE",
+        {"ids": [run_id, str(uuid.uuid4())]},
+    )
+    assert locked.locks
+    # No unique key without the distribution key, as on Citus: an ON CONFLICT on one is
+    # refused, and one on a key that holds it is planned.
+    for name, key in DISTRIBUTED.items():
+        for constraint in metadata.tables[name].constraints:
+            if isinstance(constraint, sa.PrimaryKeyConstraint | sa.UniqueConstraint):
+                columns = [column.name for column in constraint.columns]
+                upsert = copy.touched(
+                    f'INSERT INTO "{name}" ("{key}") VALUES (%(key)s) '
+                    f"ON CONFLICT ({', '.join(columns)}) DO NOTHING",
+                    {"key": run_id},
+                )
+                assert (upsert.refused is None) == (key in columns), (name, columns, upsert)
 
 
 def test_the_listed_statements_are_statements_of_the_store_and_listed_once(
