@@ -23,7 +23,15 @@ import sqlalchemy as sa
 
 from pikku_celery.errors import ConfigurationError
 
-__all__ = ["LOCAL_TABLES", "PLACEMENTS", "Placement", "distribute", "distributed_tables"]
+__all__ = [
+    "DISTRIBUTED",
+    "LOCAL_TABLES",
+    "PLACEMENTS",
+    "REFERENCE",
+    "Placement",
+    "distribute",
+    "distributed_tables",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +53,9 @@ PLACEMENTS: Final = (
     Placement("workflow_versions", "reference"),
     _by("workflow_runs", "workflow_run_id"),
     _by("workflow_step", "workflow_run_id"),
-    _by("workflow_step_history", "workflow_run_id"),
-    _by("pikku_celery_deliveries", "workflow_run_id"),
+    # No run id on an attempt or a delivery yet: split by the step and by the event.
+    _by("workflow_step_history", "workflow_step_id"),
+    _by("pikku_celery_deliveries", "event_id"),
     _by("pikku_celery_run_events", "workflow_run_id"),
     _by("pikku_celery_chords", "workflow_run_id"),
     _by("pikku_celery_results", "task_id"),
@@ -57,6 +66,15 @@ PLACEMENTS: Final = (
 
 #: Kept on the coordinator alone.
 LOCAL_TABLES: Final = ("pikku_celery_leases", "pikku_celery_alembic_version")
+
+#: Each distributed table and the column its rows are split by (the routing test's copy
+#: of the schema is HASH-partitioned by these).
+DISTRIBUTED: Final = {p.table: str(p.column) for p in PLACEMENTS if p.kind == "distributed"}
+
+#: The tables that are not split: copied to every node, or the coordinator's own.
+REFERENCE: Final = frozenset(
+    [p.table for p in PLACEMENTS if p.kind == "reference"] + ["pikku_celery_leases"]
+)
 
 # Every distributed table joins the first one's co-location group.
 _FIRST: Final = next(p.table for p in PLACEMENTS if p.kind == "distributed")
