@@ -16,6 +16,7 @@ from types import FrameType
 import pytest
 import sqlalchemy as sa
 
+from bench.citus import cluster as citus_cluster
 from pikku_celery import WorkflowStore
 from pikku_celery.store.engine import make_engine
 from tests.support.redis_server import RedisServer
@@ -84,7 +85,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 REQUIRE_SERVICES = bool(os.environ.get("CI") or os.environ.get("PIKKU_REQUIRE_SERVICES"))
-PG_ADMIN_URL = os.environ.get(
+# A Citus coordinator (``python -m bench.citus start`` makes one with two workers): the
+# suites' PostgreSQL databases are made on every node of the cluster and the store's tables
+# distributed in them (``pikku-celery db distribute``), so the suites run on Citus.
+CITUS_URL = os.environ.get("PIKKU_TEST_CITUS_URL")
+PG_ADMIN_URL = CITUS_URL or os.environ.get(
     "PIKKU_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 TABLES = (
@@ -112,28 +117,47 @@ def service_missing(what: str, exc: BaseException) -> None:
 class PgServer:
     """Makes throwaway databases on the test PostgreSQL server."""
 
-    def __init__(self, admin_url: str) -> None:
+    def __init__(self, admin_url: str, *, citus: bool = False) -> None:
         self.admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
         self.url = sa.make_url(admin_url)
         self.created: list[str] = []
+        self.citus = citus
 
     def create_database(self, prefix: str = "pikku_test") -> str:
         name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        self.created.append(name)
+        if self.citus:
+            return citus_cluster.create_database(self._admin_url, name)
         with self.admin.connect() as conn:
             conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        self.created.append(name)
         return self.url.set(database=name).render_as_string(hide_password=False)
 
+    def distribute(self, url: str) -> None:
+        """On Citus, lay the store's tables out in the database at ``url`` (migrated)."""
+        if self.citus:
+            store = WorkflowStore(url)
+            try:
+                store.distribute()
+            finally:
+                store.close()
+
     def drop_all(self) -> None:
-        with self.admin.connect() as conn:
-            for name in self.created:
+        for name in self.created:
+            if self.citus:
+                citus_cluster.drop_database(self._admin_url, name)
+                continue
+            with self.admin.connect() as conn:
                 conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         self.admin.dispose()
+
+    @property
+    def _admin_url(self) -> str:
+        return self.url.render_as_string(hide_password=False)
 
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
-    server = PgServer(PG_ADMIN_URL)
+    server = PgServer(PG_ADMIN_URL, citus=CITUS_URL is not None)
     try:
         with server.admin.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
@@ -150,6 +174,7 @@ def pg_url(pg_server: PgServer) -> str:
     store = WorkflowStore(url)
     store.init()
     store.close()
+    pg_server.distribute(url)
     return url
 
 

@@ -65,6 +65,20 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_db_distribute(args: argparse.Namespace) -> int:
+    store = store_of(args)
+    try:
+        laid_out = store.distribute(shard_count=args.shards)
+    finally:
+        store.close()
+    where = safe_url(store.engine.url)
+    if laid_out:
+        print(f"Distributed on {where}: {', '.join(laid_out)}.")
+    else:
+        print(f"Every table of {where} is already distributed.")
+    return EXIT_OK
+
+
 def _revisions(args: argparse.Namespace) -> tuple[str | None, str]:
     """The database's schema revision and the one this pikku-celery needs."""
     store = store_of(args)
@@ -244,6 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
     db_commands.add_parser("upgrade", help="bring the schema to the latest revision").set_defaults(
         func=cmd_db_upgrade
     )
+    distribute = db_commands.add_parser(
+        "distribute", help="lay the tables out on a Citus cluster (run on its coordinator)"
+    )
+    distribute.add_argument(
+        "--shards", type=int, default=None, help="shards per table (default: citus.shard_count)"
+    )
+    distribute.set_defaults(func=cmd_db_distribute)
     db_commands.add_parser("current", help="show the schema revision").set_defaults(
         func=cmd_db_current
     )

@@ -23,7 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from pikku_celery.errors import RunNotFound, RunNotOnReplicaYet
-from pikku_celery.schema import migrate
+from pikku_celery.schema import distribution, migrate
 from pikku_celery.store.attempts import Attempts
 from pikku_celery.store.batches import Batches
 from pikku_celery.store.claims import Claims
@@ -134,6 +134,11 @@ class WorkflowStore:
     def init(self) -> None:
         """Bring the database to the latest schema; does nothing when it is already there."""
         self.db.upgrade()
+
+    def distribute(self, shard_count: int | None = None) -> list[str]:
+        """Lay the tables out on the Citus cluster whose coordinator this store writes to
+        (``pikku_celery.schema.distribution``); returns the tables laid out now."""
+        return distribution.distribute(self.engine, shard_count=shard_count)
 
     def schema_revision(self) -> str | None:
         """The schema revision the database is at (None: pikku-celery never ran there); of

@@ -89,3 +89,27 @@ def test_demo_on_redis_and_postgres(pg_server: PgServer) -> None:
         "failed",
         "succeeded",
     ]
+
+
+def test_db_distribute_lays_the_tables_out_on_citus_or_says_what_to_do(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    url = pg_server.create_database("pikku_cli")
+    assert cli("--database-url", url, "db", "upgrade").returncode == 0
+    laid = cli("--database-url", url, "db", "distribute", "--shards", "4")
+    if pg_server.citus:
+        assert laid.returncode == 0, laid.stderr
+        assert "Distributed on" in laid.stdout and "workflow_step_history" in laid.stdout
+        again = cli("--database-url", url, "db", "distribute")
+        assert again.returncode == 0, again.stderr
+        assert "already distributed" in again.stdout
+    else:
+        assert laid.returncode == 1
+        assert "no citus extension" in laid.stderr
+        assert "CREATE EXTENSION citus" in laid.stderr
+        assert "Traceback" not in laid.stderr
+    sqlite_url = f"sqlite:///{tmp_path / 'x.db'}"
+    assert cli("--database-url", sqlite_url, "db", "upgrade").returncode == 0
+    sqlite = cli("--database-url", sqlite_url, "db", "distribute")
+    assert sqlite.returncode == 1
+    assert "Citus is PostgreSQL" in sqlite.stderr
