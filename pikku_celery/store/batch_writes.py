@@ -125,7 +125,10 @@ class PostgresWrites:
         calls: Later = []
         if lone:
             calls.append(
-                (sql.batches.schedule_lone_steps_pg, {"rows": _array(list(lone.values()))})
+                (
+                    sql.batches.schedule_lone_steps_pg,
+                    {"rows": _array(list(lone.values())), "run_ids": sorted(lone)},
+                )
             )
         if deliveries:
             calls.append((sql.batches.count_deliveries_pg, {"rows": _array(deliveries)}))

@@ -395,12 +395,18 @@ def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
     )
     # The steps written, and those there before it: its snapshot is the statement's, so a
     # step another batch wrote meanwhile is in neither, and the caller looks it up.
-    existing = sa.select(steps.c.workflow_step_id).join(
-        lone,
-        sa.and_(
-            steps.c.workflow_run_id == lone.c.step_id,
-            steps.c.workflow_step_id == lone.c.step_id,
-        ),
+    existing = (
+        sa.select(steps.c.workflow_step_id)
+        .join(
+            lone,
+            sa.and_(
+                steps.c.workflow_run_id == lone.c.step_id,
+                steps.c.workflow_step_id == lone.c.step_id,
+            ),
+        )
+        # The runs again as an array (a lone task's run is its step's id): a planner
+        # reads only where they are.
+        .where(steps.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)))
     )
     query = sa.union_all(sa.select(step.c.workflow_step_id), existing)
     query = query.add_cte(run.on_conflict_do_nothing(index_elements=["workflow_run_id"]).cte("run"))

@@ -50,7 +50,6 @@ FAN_OUT: Final[dict[str, str]] = {
 #: Not keyed yet: each touches more partitions than its keys today, with why. The
 #: routing test fails when one of these routes (take it off) so this only shrinks.
 _STEP_BY_ID = "finds a step by its id alone; steps are split by run"
-_BATCH_BY_STEP = "matches a batch's rows to steps by step id alone; steps are split by run"
 _LOCKS_ACROSS = "locks rows (FOR UPDATE) of many runs at once, across shards"
 _PARTS_JOIN = "joins a chord's parts (split by group) to results (split by task id)"
 
@@ -59,7 +58,6 @@ NOT_YET_KEYED: Final[dict[str, str]] = {
     "batches.complete_runs_pg": "reads each run's steps in subqueries tied to the run row, "
     "which a planner does not prune by the runs named",
     "batches.lock_runs_pg": _LOCKS_ACROSS,
-    "batches.schedule_lone_steps_pg": _BATCH_BY_STEP,
     "claims.get_step": _STEP_BY_ID,
     "prune.lock_batch": _LOCKS_ACROSS,
     "results.chord_parts_waiting": _PARTS_JOIN,
