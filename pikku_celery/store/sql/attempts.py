@@ -32,6 +32,7 @@ __all__ = [
     "attempt_upsert",
     "attempt_values",
     "complete_run_if_done",
+    "completion",
     "inline_text",
     "insert_attempt",
     "insert_run_once",
@@ -478,59 +479,70 @@ touch_run: Final = (
     sa.update(runs).where(runs.c.workflow_run_id == P("run_id")).values(updated_at=P("now"))
 )
 
-_child = steps.alias("child")
-_leaf = steps.alias("leaf")
+RunsNamed = Callable[[sa.ColumnElement[Any]], sa.ColumnElement[bool]]
 
-_own = steps.alias("own")
-# A lone task's run is named after its task: its output is that task's result, as
-# Celery's own result of that id is (a task that spawned others, or replaced itself).
-_is_lone_task = sa.exists().where(
-    _own.c.workflow_run_id == runs.c.workflow_run_id,
-    _own.c.workflow_step_id == runs.c.workflow_run_id,
-)
-_own_result = (
-    sa.select(_own.c.result)
-    .where(
-        _own.c.workflow_run_id == runs.c.workflow_run_id,
-        _own.c.workflow_step_id == runs.c.workflow_run_id,
+
+def _tied(run: sa.ColumnElement[Any], runs_named: RunsNamed | None) -> list[Any]:
+    """A step's (or chord's) run is the run row's, and, when the statement names its runs
+    (``runs_named``), one of those too: redundant, but a planner then reads only there."""
+    tied = [run == runs.c.workflow_run_id]
+    return tied if runs_named is None else [*tied, runs_named(run)]
+
+
+def completion(runs_named: RunsNamed | None = None) -> tuple[Any, Any]:
+    """The completion check of a run row and its output, reading only that run's rows.
+
+    ``(all_steps_succeeded, last_result)``: every step of the run has succeeded and no
+    chord of it waits for its body (whether a chord's body is written, which may be in
+    another run, is a flag on the chord's row, set when the body's step is written); the
+    run's output is a lone task's own result (its run is named after its task, as
+    Celery's result of that id is), else the result of its last step: the newest step
+    that no other step follows (a chain's last link, a chord's body, a group's last
+    member).
+    """
+    own, leaf, child = steps.alias("own"), steps.alias("leaf"), steps.alias("child")
+    is_lone_task = sa.exists().where(
+        *_tied(own.c.workflow_run_id, runs_named),
+        own.c.workflow_step_id == runs.c.workflow_run_id,
     )
-    .scalar_subquery()
-)
-
-# Otherwise the run's output is the result of its last step: the newest step that no
-# other step follows (a chain's last link, a chord's body, a group's last member).
-_leaf_result = (
-    sa.select(_leaf.c.result)
-    .where(
-        _leaf.c.workflow_run_id == runs.c.workflow_run_id,
+    own_result = (
+        sa.select(own.c.result)
+        .where(
+            *_tied(own.c.workflow_run_id, runs_named),
+            own.c.workflow_step_id == runs.c.workflow_run_id,
+        )
+        .scalar_subquery()
+    )
+    leaf_result = (
+        sa.select(leaf.c.result)
+        .where(
+            *_tied(leaf.c.workflow_run_id, runs_named),
+            ~sa.exists().where(
+                *_tied(child.c.workflow_run_id, runs_named),
+                child.c.workflow_run_id == leaf.c.workflow_run_id,
+                child.c.from_step_name == leaf.c.step_name,
+            ),
+        )
+        .order_by(leaf.c.created_at.desc(), leaf.c.workflow_step_id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    done = sa.and_(
         ~sa.exists().where(
-            _child.c.workflow_run_id == _leaf.c.workflow_run_id,
-            _child.c.from_step_name == _leaf.c.step_name,
+            *_tied(steps.c.workflow_run_id, runs_named),
+            steps.c.status != inline_text("succeeded"),
+        ),
+        ~sa.exists().where(
+            *_tied(chords.c.workflow_run_id, runs_named),
+            # Text on both databases: ``'true'`` is how each spells the flag as text.
+            sa.cast(chords.c.body_written, sa.Text) != inline_text("true"),
         ),
     )
-    .order_by(_leaf.c.created_at.desc(), _leaf.c.workflow_step_id.desc())
-    .limit(1)
-    .scalar_subquery()
-)
-_last_result = sa.case((_is_lone_task, _own_result), else_=_leaf_result)
+    return done, sa.case((is_lone_task, own_result), else_=leaf_result)
 
-last_result: Final = _last_result
 
-#: Every step of the run has succeeded, and no chord of it waits for its body
-#: (checked in SQL, as the statement runs). Only the run's own rows are read: whether a
-#: chord's body is written (it may be in another run) is a flag on the chord's row,
-#: set when the body's step is written.
-all_steps_succeeded: Final = sa.and_(
-    ~sa.exists().where(
-        steps.c.workflow_run_id == runs.c.workflow_run_id,
-        steps.c.status != inline_text("succeeded"),
-    ),
-    ~sa.exists().where(
-        chords.c.workflow_run_id == runs.c.workflow_run_id,
-        # Text on both databases: ``'true'`` is how each spells the flag as text.
-        sa.cast(chords.c.body_written, sa.Text) != inline_text("true"),
-    ),
-)
+all_steps_succeeded, last_result = completion()
+_last_result = last_result
 
 # Guarded in SQL: the run completes only while no step of it is unfinished. The
 # caller touches the run row first in the same transaction, so two last steps

@@ -33,11 +33,10 @@ from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
 from pikku_celery.store.sql.attempts import (
     Source,
-    all_steps_succeeded,
     attempt_upsert,
     attempt_values,
+    completion,
     inline_text,
-    last_result,
     step_moves,
     step_policy,
     step_values,
@@ -427,15 +426,22 @@ lock_runs_pg: Final = (
     .with_for_update(key_share=True)
 )
 
+
+def _among_runs(run: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+    return run == sa.any_(P("run_ids", type_=_TEXTS))
+
+
+_done, _output = completion(_among_runs)
+
 complete_runs_pg: Final = (
     sa.update(runs)
     .where(
-        runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
+        _among_runs(runs.c.workflow_run_id),
         runs.c.workflow_run_id == (completing := _rows("completing", _RUN_ROWS)).c.run_id,
         still_going,
-        all_steps_succeeded,
+        _done,
     )
-    .values(status="completed", output=last_result, error=None, updated_at=completing.c.now)
+    .values(status="completed", output=_output, error=None, updated_at=completing.c.now)
 )
 
 settle_runs_pg: Final = (

@@ -55,8 +55,8 @@ _PARTS_JOIN = "joins a chord's parts (split by group) to results (split by task 
 
 NOT_YET_KEYED: Final[dict[str, str]] = {
     "attempts.record_attempt_pg": _STEP_BY_ID + " when its caller does not name the run",
-    "batches.complete_runs_pg": "reads each run's steps in subqueries tied to the run row, "
-    "which a planner does not prune by the runs named",
+    "batches.complete_runs_pg": "its steps' and chords' reads are pruned to the runs it "
+    "names, but the update of the run rows is planned on every partition",
     "batches.lock_runs_pg": _LOCKS_ACROSS,
     "claims.get_step": _STEP_BY_ID,
     "prune.lock_batch": _LOCKS_ACROSS,
