@@ -100,7 +100,7 @@ class Attempts:
             params["error"] = None if error is None else self._db.error_json(error)
         try:
             with self._db.single(conn) as c:
-                for statement in self._db.sql.record_attempt(status):
+                for statement in self._db.sql.record_attempt(status, keyed=run_id is not None):
                     self._db.run(c, statement, params)
         except StoreError as exc:
             if isinstance(exc.__cause__, sa_exc.IntegrityError):

@@ -139,6 +139,7 @@ class Workflows:
                 _CHILD_ENDS[status],
                 result=None if isinstance(output, Unset) else output,
                 error=error,
+                run_id=step.run_id,
                 conn=c,
             )
         return True

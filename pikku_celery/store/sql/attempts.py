@@ -329,13 +329,19 @@ def step_policy(status: str, v: Source = _bound) -> sa.ColumnElement[bool]:
     return sa.and_(carried, reached)
 
 
+def _run(keyed: bool) -> Any:
+    """The run a statement addresses: the caller's (``keyed``), or looked up by step id."""
+    return P("run_id", type_=sa.Text()) if keyed else run_of_step
+
+
 @cache
-def record_attempt_step(status: str) -> Update:
-    """The step row's half of a transition (see ``_step_moves``)."""
+def record_attempt_step(status: str, keyed: bool) -> Update:
+    """The step row's half of a transition (see ``_step_moves``). ``keyed``: the caller
+    names the step's run (``run_id``); else it is looked up by the step's id."""
     return (
         sa.update(steps)
         .where(
-            steps.c.workflow_run_id == run_of_step,
+            steps.c.workflow_run_id == _run(keyed),
             steps.c.workflow_step_id == P("step_id"),
             sa.or_(step_moves(status), step_policy(status)),
         )
@@ -357,11 +363,11 @@ run_of_step: Final = sa.func.coalesce(
 )
 
 
-def attempt_values(status: str, v: Source = _bound) -> dict[str, Any]:
+def attempt_values(status: str, v: Source = _bound, *, keyed: bool = False) -> dict[str, Any]:
     stamp = TIMESTAMP_COLUMN[status]
     values: dict[str, Any] = {
         "history_id": v("history_id"),
-        "workflow_run_id": v("run_id") if v is not _bound else run_of_step,
+        "workflow_run_id": v("run_id") if v is not _bound else _run(keyed),
         "workflow_step_id": v("step_id"),
         "attempt": v("attempt_no"),
         "status": sa.literal(status, sa.Text) if v is not _bound else status,
@@ -449,7 +455,7 @@ def attempt_upsert(insert: Any, status: str) -> Insert:
 
 
 @cache
-def record_attempt(insert: Upsert, status: str) -> Insert:
+def record_attempt(insert: Upsert, status: str, keyed: bool) -> Insert:
     """Upsert attempt K's row (after :func:`record_attempt_step`, in one transaction).
 
     One statement records one event, or several events of the same attempt
@@ -457,14 +463,15 @@ def record_attempt(insert: Upsert, status: str) -> Insert:
     each keep the time of their own event; ``deliveries`` is how many starts
     it counts).
     """
-    return attempt_upsert(insert(history).values(**attempt_values(status)), status)
+    values = attempt_values(status, keyed=keyed)
+    return attempt_upsert(insert(history).values(**values), status)
 
 
 @cache
-def record_attempt_pg(status: str) -> Insert:
+def record_attempt_pg(status: str, keyed: bool) -> Insert:
     """:func:`record_attempt` with the step row's update riding along: one round trip."""
-    statement = record_attempt(postgresql.insert, status)
-    return statement.add_cte(record_attempt_step(status).cte("step"))
+    statement = record_attempt(postgresql.insert, status, keyed)
+    return statement.add_cte(record_attempt_step(status, keyed).cte("step"))
 
 
 # --- run outcome ----------------------------------------------------------------

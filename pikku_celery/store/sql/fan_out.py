@@ -54,7 +54,6 @@ _LOCKS_ACROSS = "locks rows (FOR UPDATE) of many runs at once, across shards"
 _PARTS_JOIN = "joins a chord's parts (split by group) to results (split by task id)"
 
 NOT_YET_KEYED: Final[dict[str, str]] = {
-    "attempts.record_attempt_pg": _STEP_BY_ID + " when its caller does not name the run",
     "batches.complete_runs_pg": "its steps' and chords' reads are pruned to the runs it "
     "names, but the update of the run rows is planned on every partition",
     "batches.lock_runs_pg": _LOCKS_ACROSS,
