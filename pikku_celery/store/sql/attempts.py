@@ -486,17 +486,8 @@ touch_run: Final = (
     sa.update(runs).where(runs.c.workflow_run_id == P("run_id")).values(updated_at=P("now"))
 )
 
-RunsNamed = Callable[[sa.ColumnElement[Any]], sa.ColumnElement[bool]]
 
-
-def _tied(run: sa.ColumnElement[Any], runs_named: RunsNamed | None) -> list[Any]:
-    """A step's (or chord's) run is the run row's, and, when the statement names its runs
-    (``runs_named``), one of those too: redundant, but a planner then reads only there."""
-    tied = [run == runs.c.workflow_run_id]
-    return tied if runs_named is None else [*tied, runs_named(run)]
-
-
-def completion(runs_named: RunsNamed | None = None) -> tuple[Any, Any]:
+def completion() -> tuple[Any, Any]:
     """The completion check of a run row and its output, reading only that run's rows.
 
     ``(all_steps_succeeded, last_result)``: every step of the run has succeeded and no
@@ -509,13 +500,13 @@ def completion(runs_named: RunsNamed | None = None) -> tuple[Any, Any]:
     """
     own, leaf, child = steps.alias("own"), steps.alias("leaf"), steps.alias("child")
     is_lone_task = sa.exists().where(
-        *_tied(own.c.workflow_run_id, runs_named),
+        own.c.workflow_run_id == runs.c.workflow_run_id,
         own.c.workflow_step_id == runs.c.workflow_run_id,
     )
     own_result = (
         sa.select(own.c.result)
         .where(
-            *_tied(own.c.workflow_run_id, runs_named),
+            own.c.workflow_run_id == runs.c.workflow_run_id,
             own.c.workflow_step_id == runs.c.workflow_run_id,
         )
         .scalar_subquery()
@@ -523,9 +514,8 @@ def completion(runs_named: RunsNamed | None = None) -> tuple[Any, Any]:
     leaf_result = (
         sa.select(leaf.c.result)
         .where(
-            *_tied(leaf.c.workflow_run_id, runs_named),
+            leaf.c.workflow_run_id == runs.c.workflow_run_id,
             ~sa.exists().where(
-                *_tied(child.c.workflow_run_id, runs_named),
                 child.c.workflow_run_id == leaf.c.workflow_run_id,
                 child.c.from_step_name == leaf.c.step_name,
             ),
@@ -536,11 +526,11 @@ def completion(runs_named: RunsNamed | None = None) -> tuple[Any, Any]:
     )
     done = sa.and_(
         ~sa.exists().where(
-            *_tied(steps.c.workflow_run_id, runs_named),
+            steps.c.workflow_run_id == runs.c.workflow_run_id,
             steps.c.status != inline_text("succeeded"),
         ),
         ~sa.exists().where(
-            *_tied(chords.c.workflow_run_id, runs_named),
+            chords.c.workflow_run_id == runs.c.workflow_run_id,
             # Text on both databases: ``'true'`` is how each spells the flag as text.
             sa.cast(chords.c.body_written, sa.Text) != inline_text("true"),
         ),

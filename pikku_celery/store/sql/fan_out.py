@@ -54,8 +54,9 @@ _LOCKS_ACROSS = "locks rows (FOR UPDATE) of many runs at once, across shards"
 _PARTS_JOIN = "joins a chord's parts (split by group) to results (split by task id)"
 
 NOT_YET_KEYED: Final[dict[str, str]] = {
-    "batches.complete_runs_pg": "its steps' and chords' reads are pruned to the runs it "
-    "names, but the update of the run rows is planned on every partition",
+    "batches.complete_runs_pg": "reads each run's steps and chords in subqueries tied to the "
+    "run row, which a planner does not prune by the runs named (naming them in each costs a "
+    "probe per run named)",
     "batches.lock_runs_pg": _LOCKS_ACROSS,
     "claims.get_step": _STEP_BY_ID,
     "prune.lock_batch": _LOCKS_ACROSS,
