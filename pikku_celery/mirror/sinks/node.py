@@ -12,7 +12,6 @@ once: the pool process writes one byte to the node's wake pipe.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import threading
 from collections.abc import Sequence
@@ -118,8 +117,10 @@ class AppendOnlySink:
         journal.append(event.kind, encode_bytes(event))
         self._appended += 1
         if awaited(event):
-            with contextlib.suppress(OSError):  # full: the flusher is woken already
+            try:
                 os.write(self._wake, b"!")
+            except OSError:
+                pass  # full: the flusher is woken already
 
     def _open(self) -> Journal:
         with self._lock:
