@@ -2,7 +2,7 @@
 
 Run from the project root, as root (it makes a PostgreSQL server of its own)::
 
-    python -m bench.ceiling            # 1,500 tasks and 50 chords a workload, 2 rounds
+    python -m bench.ceiling            # 1,500 tasks and 50 chords a workload, 3 rounds
     python -m bench.ceiling --quick    # 300 tasks and 10 chords, one round; under 2 minutes
 
 For each workload a real ``celery worker -P prefork -c 2`` on Redis, the mirror on
@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from types import FrameType
 from typing import Final
 
@@ -48,7 +49,7 @@ def settings_from(argv: Sequence[str] | None) -> tuple[Settings, int]:
         "for lone tasks, retries, results and chords, on a PostgreSQL server of the bench's own.",
         quick="300 tasks and 10 chords a workload, one round",
         redis_url=DEFAULT_REDIS_URL,
-        rounds=(2, 1, "the median is reported, with the range"),
+        rounds=(3, 1, "the median is reported, with the range"),
     )
     options.size("--tasks", 1500, 300, "lone tasks a run of (a), (b) and (c)")
     options.size("--chords", 50, 10, "chords of 20 a run of (d)")
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"load average at the start: {_load()} ({os.cpu_count()} CPUs)")
     with OwnCluster(port) as cluster:
         say(f"PostgreSQL {cluster.version}, the bench's own, on port {port}")
-        settings = Settings(**{**settings.__dict__, "pg_url": cluster.url})
+        settings = replace(settings, pg_url=cluster.url)
         databases = [database_of(workload) for workload in WORKLOADS]
         with Session("ceiling-bench", settings, databases, create=False) as session:
             runs = measure(CeilingBench(settings, session))
