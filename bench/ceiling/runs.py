@@ -77,8 +77,10 @@ class CeilingBench(Runner[Settings]):
         units = self.settings.units(workload)
         tasks = units * workload.tasks_per_unit
         warm = WARMUP_UNITS * workload.tasks_per_unit
-        with running_worker("bench.ceiling.app", f"ceiling-{workload.key}", POOL, env,
-                            self.settings.redis_url, log) as _worker:  # fmt: skip
+        worker = running_worker(
+            "bench.ceiling.app", f"ceiling-{workload.key}", POOL, env, self.settings.redis_url, log
+        )
+        with worker:
             reader = Reader(url)
             try:
                 self._send(workload, WARMUP_UNITS, f"warm-{count}", env)
@@ -94,6 +96,7 @@ class CeilingBench(Runner[Settings]):
             finally:
                 reader.close()
         self.check_log(f"run {count} ({workload.key})", log)
+        # A chord's steps are checked by the caller, which gets every body's value.
         if workload.tasks_per_unit == 1:
             self.check_mirror(url, f"run-{count}", units, workload.attempts)
         measured = figures(before, after, tasks, seconds)
