@@ -57,7 +57,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--publish", action="store_true", help="journal the publish too")
     parser.add_argument("--profile", type=Path, help="write cProfile stats of the flushes here")
+    parser.add_argument("--quick", action="store_true", help="500 tasks, 3 rounds")
     args = parser.parse_args()
+    if args.quick:
+        args.tasks, args.rounds = 500, 3
     per_task = 3 if args.publish else 2
     databases = None
     with tempfile.TemporaryDirectory(prefix="pikku-flusher-") as scratch:

@@ -15,6 +15,7 @@ __all__ = [
     "RUN_ID",
     "SENT_AT",
     "STEP_NAME",
+    "fields_of",
     "from_request",
     "step_headers",
     "step_message",
@@ -33,6 +34,7 @@ REPLACES: Final = "pikku_replaces"
 # When the publisher sent a step's message (seconds since the epoch): a worker that records
 # the step before the publisher's journal is written gives it the same time.
 SENT_AT: Final = "pikku_sent_at"
+_NAMES: Final = (RUN_ID, STEP_NAME, PARENT_STEP, ORCHESTRATED, REPLACES, SENT_AT)
 
 
 def from_request(request: Any, name: str) -> Any:
@@ -42,6 +44,25 @@ def from_request(request: Any, name: str) -> Any:
         headers = getattr(request, "headers", None) or {}
         value = headers.get(name)
     return value
+
+
+def fields_of(request: Any) -> dict[str, Any]:
+    """A running task's pikku headers, read in one pass: ``from_request`` for each of them.
+
+    Celery sets a message's headers as attributes of its request (``request.__dict__``);
+    a request made otherwise may carry them in ``request.headers`` instead."""
+    own = getattr(request, "__dict__", None)
+    if own is None:
+        return {name: v for name in _NAMES if (v := from_request(request, name)) is not None}
+    headers = own.get("headers") or getattr(request, "headers", None) or {}
+    found = {}
+    for name in _NAMES:
+        value = own.get(name)
+        if value is None:
+            value = headers.get(name)
+        if value is not None:
+            found[name] = value
+    return found
 
 
 def step_headers(run_id: str, step_name: str, *, orchestrated: bool) -> dict[str, Any]:

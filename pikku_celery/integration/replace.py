@@ -25,6 +25,7 @@ __all__ = [
     "REPLACED_BY",
     "attempt_of",
     "continued_attempt",
+    "continued_from",
     "follow_chord_body",
     "hand_over",
     "is_replacement",
@@ -49,10 +50,14 @@ def continued_attempt(request: Any) -> int | None:
     The header names the step's id too: a task that merely inherited the
     header (a canvas passes options down) is not the one that took over.
     """
-    value = h.from_request(request, h.REPLACES)
+    return continued_from(h.from_request(request, h.REPLACES), getattr(request, "id", None))
+
+
+def continued_from(value: Any, task_id: Any) -> int | None:
+    """:func:`continued_attempt` of a request whose id and ``REPLACES`` header are read."""
     if isinstance(value, list | tuple) and len(value) == 2:
         step_id, attempt = value
-        if step_id == getattr(request, "id", None):
+        if step_id == task_id:
             return int(attempt)
     return None
 

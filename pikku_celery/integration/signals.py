@@ -212,6 +212,26 @@ def _eta(value: Any) -> dt.datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
 
 
+def _eta_seconds(value: Any) -> float | None:
+    """A request's ETA in seconds since the epoch (Celery gives an ISO string)."""
+    moment = _eta(value)
+    return None if moment is None else moment.timestamp()
+
+
+class _ProcessId:
+    """This process's id, read again only after a fork (``os.getpid`` is a system call)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self.pid = os.getpid()
+
+
+_PID: Final = _ProcessId()
+
+
 def _seconds(value: Any) -> float | None:
     """A time a header carries, in seconds since the epoch; None for anything else."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -241,8 +261,11 @@ def _journal_result(task: Any) -> None:
     mirrored end of its attempt handed on (a task the mirror does not record) goes now."""
     request = getattr(task, "request", None)
     executed(request)
-    pikku = installed_on(getattr(task, "app", None))
-    if pikku is not None and request is not None and pikku.mirror.release(str(request.id)):
+    if request is None:
+        return
+    traced = _traced(request)
+    pikku = traced.pikku if traced is not None else installed_on(getattr(task, "app", None))
+    if pikku is not None and pikku.mirror.release(str(request.id)):
         crash_point("after_result_journaled", str(getattr(task, "name", "")))
 
 
@@ -388,45 +411,81 @@ def before_task_publish(
     headers[h.STEP_NAME] = str(base_name)
 
 
+class _Traced:
+    """A mirrored task's step as its ``task_prerun`` read it from the request, kept on the
+    request for its ``task_success`` and ``task_postrun``: the headers are read once."""
+
+    __slots__ = ("attempt", "orchestrated", "pikku", "run_id", "step_id")
+
+    def __init__(
+        self, pikku: Installed, step_id: str, run_id: str, attempt: int, orchestrated: bool
+    ) -> None:
+        self.pikku, self.step_id, self.run_id = pikku, step_id, run_id
+        self.attempt, self.orchestrated = attempt, orchestrated
+
+
+# Set on a traced request by task_prerun: its _Traced (None: a task the mirror leaves alone).
+_TRACED: Final = "pikku_traced"
+
+
+def _traced(request: Any) -> _Traced | None:
+    """What ``task_prerun`` read of this request, if it ran for it in this process."""
+    traced = getattr(request, _TRACED, None)
+    if traced is not None and traced.step_id == request.id:
+        return traced  # type: ignore[no-any-return]
+    return None
+
+
 @_isolated
 def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any) -> None:
     # First, for every task (mirrored or not): the result its end stores waits for its
     # task_postrun, which follows only a body that runs in this process.
-    executing(getattr(task, "request", None))
-    mirrored = step_of(task)
+    request = getattr(task, "request", None)
+    executing(request)
+    if request is None:
+        return
+    mirrored = step_of(task, request)
     if mirrored is None:
         return
-    request = task.request
     step_id = str(request.id)
-    header_run = h.from_request(request, h.RUN_ID)
+    fields = h.fields_of(request)
+    header_run = fields.get(h.RUN_ID)
+    orchestrated = bool(fields.get(h.ORCHESTRATED))
+    continued = replace.continued_from(fields.get(h.REPLACES), request.id)
+    attempt = (continued or 1) + int(getattr(request, "retries", 0) or 0)
     mirror = mirrored.pikku.mirror
     adoption = None
     # A workflow's replay claimed its steps; a replacement's step was recorded before it.
-    if not h.from_request(request, h.ORCHESTRATED) and replace.continued_attempt(request) is None:
+    if not orchestrated and continued is None:
         retries, retry_delay = retry_policy(task)
         published = header_run is not None and not lone(request, step_id, header_run)
-        eta = _eta(request.eta)
+        eta = request.eta
         adoption = mirror.adoption(
             header_run or step_id,
-            h.from_request(request, h.STEP_NAME) or mirrored.step_name,
+            fields.get(h.STEP_NAME) or mirrored.step_name,
             task.name,
             published=published,
             data=None if published else _call_data(args, kwargs),
             retries=retries,
             retry_delay=retry_delay,
             routing=_delivered_to(request),
-            sent_at=_seconds(h.from_request(request, h.SENT_AT)),
-            eta=None if eta is None else eta.timestamp(),
+            sent_at=_seconds(fields.get(h.SENT_AT)),
+            eta=None if eta is None else _eta_seconds(eta),
             chord_body=_awaited_body(getattr(request, "chord", None)),
         )
     mirror.started(
         step_id,
-        _attempt(task),
+        attempt,
         worker=request.hostname,
-        pid=os.getpid(),
+        pid=_PID.pid,
         adoption=adoption,
         # A replacement carries the attempt on: not one more delivery of its message.
-        delivery=replace.continued_attempt(request) is None,
+        delivery=continued is None,
+    )
+    setattr(
+        request,
+        _TRACED,
+        _Traced(mirrored.pikku, step_id, header_run or step_id, attempt, orchestrated),
     )
 
 
@@ -495,14 +554,25 @@ def task_retry(
 
 @_isolated
 def task_success(sender: Any = None, result: Any = None, **_: Any) -> None:
+    request = getattr(sender, "request", None)
+    traced = _traced(request)
+    if traced is not None:
+        # A workflow's step: the workflow function decides the run's outcome, in a
+        # replay sent once this success is committed.
+        traced.pikku.mirror.succeeded(
+            None if traced.orchestrated else traced.run_id,
+            traced.step_id,
+            traced.attempt,
+            result,
+            orchestrated=traced.orchestrated,
+        )
+        return
     mirrored = step_of(sender)
     if mirrored is None:
         return
     pikku = mirrored.pikku
     request = sender.request
     run_id = h.from_request(request, h.RUN_ID) or str(request.id)
-    # A workflow's step: the workflow function decides the run's outcome, in a
-    # replay sent once this success is committed.
     orchestrated = bool(h.from_request(request, h.ORCHESTRATED))
     pikku.mirror.succeeded(
         None if orchestrated else run_id,

@@ -18,7 +18,6 @@ import base64
 import datetime as dt
 import itertools
 import os
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar, Final, TypeVar
@@ -46,6 +45,7 @@ __all__ = [
     "chord_sent",
     "decode",
     "encode",
+    "encode_bytes",
     "make",
     "new_event_id",
     "result_stored",
@@ -62,12 +62,11 @@ class _EventIds:
     def _reset(self) -> None:
         self._prefix = os.urandom(8).hex()
         self._counter = itertools.count(1)
-        self._lock = threading.Lock()
 
     def next(self) -> str:
         self._fork.check()
-        with self._lock:
-            return f"{self._prefix}-{next(self._counter)}"
+        # One C call: atomic under the interpreter lock, no lock of its own needed.
+        return f"{self._prefix}-{next(self._counter)}"
 
 
 _IDS: Final = _EventIds()
@@ -274,6 +273,12 @@ _DECODERS: Final = {kind: msgspec.json.Decoder(cls) for kind, cls in _KINDS.item
 def encode(event: MirrorEvent) -> str:
     """The event as one line of JSON (an object of its fields), for the journal."""
     return _ENCODER.encode(event).decode()
+
+
+def encode_bytes(event: MirrorEvent) -> bytes:
+    """:func:`encode` as UTF-8, as the journal's record holds it (no decoding and
+    encoding again on the way)."""
+    return _ENCODER.encode(event)
 
 
 def decode(kind: str, payload: str) -> MirrorEvent:

@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Callable
 
-__all__ = ["ForkGuard", "keep_inherited"]
+__all__ = ["ForkGuard", "keep_inherited", "process_id"]
 
 # Re-made in every child: a thread of the parent may have held it at the fork, and no
 # thread of the child would ever release it.
@@ -29,9 +29,20 @@ _lock = threading.RLock()
 _INHERITED: list[object] = []
 
 
+# This process's id, set again in every forked child: ``os.getpid`` is a system call, and a
+# pool process checks its guards several times per event.
+_pid = os.getpid()
+
+
+def process_id() -> int:
+    """``os.getpid()``, without the system call (kept by a fork hook)."""
+    return _pid
+
+
 def _after_fork_in_child() -> None:
-    global _lock
+    global _lock, _pid
     _lock = threading.RLock()
+    _pid = os.getpid()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -54,11 +65,11 @@ class ForkGuard:
     def forked(self) -> bool:
         """True in a forked child that has not checked the guard yet: what the owner holds
         is still its parent's."""
-        return os.getpid() != self._pid
+        return _pid != self._pid
 
     def check(self) -> None:
         """In a forked child, the first time: ``after_fork``; else nothing."""
-        if os.getpid() != self._pid:
+        if _pid != self._pid:
             with _lock:
                 if os.getpid() != self._pid:
                     self._after_fork()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from pikku_celery.mirror.events import (
     StepDispatched,
     StepPublished,
     make,
+    new_event_id,
 )
 from pikku_celery.mirror.flusher import FLUSH_INTERVAL
 from pikku_celery.mirror.forks import ForkGuard
@@ -299,14 +301,18 @@ class Recorder:
     ) -> None:
         """Attempt K runs; ``adoption`` records the step if no publisher did; ``delivery``:
         it is a delivery of the attempt's message (not its replacement taking over)."""
-        self._record(
-            AttemptStarted,
-            step_id,
-            attempt=attempt,
-            worker=worker,
-            pid=pid,
-            adoption=adoption,
-            delivery=delivery,
+        # Made here rather than by make(**fields): a pool process makes one per task.
+        self._append(
+            AttemptStarted(
+                id=new_event_id(),
+                at=time.time(),
+                step_id=step_id,
+                attempt=attempt,
+                worker=worker,
+                pid=pid,
+                adoption=adoption,
+                delivery=delivery,
+            )
         )
 
     def adoption(
@@ -375,13 +381,16 @@ class Recorder:
         orchestrated: bool = False,
     ) -> None:
         """Attempt K succeeded; the run completes if it was its last unfinished step."""
-        self._record(
-            AttemptSucceeded,
-            step_id,
-            attempt=attempt,
-            run_id=run_id,
-            result_json=self._json(result, "step result"),
-            orchestrated=orchestrated,
+        self._append(
+            AttemptSucceeded(
+                id=new_event_id(),
+                at=time.time(),
+                step_id=step_id,
+                attempt=attempt,
+                run_id=run_id,
+                result_json=self._json(result, "step result"),
+                orchestrated=orchestrated,
+            )
         )
         self._ended(step_id)
 

@@ -122,7 +122,10 @@ def distribute(engine: sa.Engine, *, shard_count: int | None = None) -> list[str
         done = distributed_tables(connection)
         laid_out: list[str] = []
         if shard_count is not None:
-            connection.exec_driver_sql(f"SET LOCAL citus.shard_count = {int(shard_count)}")
+            connection.execute(
+                sa.text("SELECT set_config('citus.shard_count', :count, true)"),
+                {"count": str(shard_count)},
+            )
         for placement in PLACEMENTS:
             if placement.table in done:
                 continue

@@ -83,7 +83,7 @@ class WorkflowStore:
     the replica lacks while it is behind raises ``RunNotOnReplicaYet`` (a
     ``RunNotFound``) saying how far behind; ``replica_lag`` says it too.
 
-    Its methods (``PUBLIC_METHODS``): the lifecycle (``init``, ``schema_revision``,
+    Its methods (``PUBLIC_METHODS``): the lifecycle (``init``, ``distribute``, ``schema_revision``,
     ``latest_schema_revision``, ``close``, ``dispose_after_fork``, ``transaction``);
     runs (``create_run``, ``get_run``, ``list_runs``, ``delete_run``,
     ``update_run_state``, ``get_run_state``); steps and attempts (``get_step``,
@@ -404,6 +404,7 @@ class WorkflowStore:
 #: What the face offers; pinned by the tests.
 PUBLIC_METHODS: tuple[str, ...] = (
     "init",
+    "distribute",
     "schema_revision",
     "latest_schema_revision",
     "close",

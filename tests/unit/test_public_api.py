@@ -80,6 +80,7 @@ def test_the_store_face_offers_what_users_read_and_nothing_the_mirror_writes() -
     assert sorted(PUBLIC_METHODS) == sorted(
         [
             "init",
+            "distribute",
             "schema_revision",
             "latest_schema_revision",
             "close",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final, Literal
 
+from pikku_celery.mirror.forks import process_id
 from pikku_celery.mirror.journal.aside import Aside, read_set_aside, write_set_aside
 from pikku_celery.mirror.journal.checkpoint import Checkpoint, CheckpointLog, Spans
 from pikku_celery.mirror.journal.folders import HOSTED_SUFFIX, SUFFIX, node_suffix
@@ -188,11 +189,12 @@ class Journal:
         name = f"{socket.gethostname()}-{os.getpid()}-{id(owner):x}{ending}"
         return cls(folder / name, database, role=role)
 
-    def append(self, kind: str, payload: str) -> None:
-        """Durable against the death of this process once it returns."""
+    def append(self, kind: str, payload: str | bytes) -> None:
+        """Durable against the death of this process once it returns (``payload``: the
+        event's JSON, as text or UTF-8)."""
         record = encode_record(kind, payload)
         with self._mutex:
-            if self._pid != os.getpid() or self.role == "consume":
+            if self._pid != process_id() or self.role == "consume":
                 raise RuntimeError(f"journal {self.path} belongs to the process that opened it")
             if self._fd is None or (
                 self._size + len(record) > SEGMENT_BYTES and self._size > self._header_size

@@ -32,10 +32,12 @@ def _kind_prefix(kind: str) -> bytes:
     return prefix
 
 
-def encode_record(kind: str, payload: str) -> bytes:
-    body = _kind_prefix(kind) + payload.encode()
-    length = _U32.pack(len(body))
-    return length + _U32.pack(zlib.crc32(body, zlib.crc32(length))) + body
+def encode_record(kind: str, payload: str | bytes) -> bytes:
+    """A record of ``payload`` (text, or its UTF-8 bytes)."""
+    prefix = _KIND_PREFIXES.get(kind) or _kind_prefix(kind)
+    body = prefix + (payload if isinstance(payload, bytes) else payload.encode())
+    size = len(body)
+    return _HEAD.pack(size, zlib.crc32(body, zlib.crc32(_U32.pack(size)))) + body
 
 
 def parse_record(buffer: bytes, pos: int) -> tuple[int, str, str] | int:

@@ -12,12 +12,11 @@ once: the pool process writes one byte to the node's wake pipe.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import threading
 from collections.abc import Sequence
 
-from pikku_celery.mirror.events import MirrorEvent, encode
+from pikku_celery.mirror.events import MirrorEvent, encode_bytes
 from pikku_celery.mirror.forks import keep_inherited
 from pikku_celery.mirror.journal import Journal
 from pikku_celery.mirror.node import NodeJournals
@@ -115,11 +114,13 @@ class AppendOnlySink:
 
     def append(self, event: MirrorEvent) -> None:
         journal = self._journal or self._open()
-        journal.append(event.kind, encode(event))
+        journal.append(event.kind, encode_bytes(event))
         self._appended += 1
         if awaited(event):
-            with contextlib.suppress(OSError):  # full: the flusher is woken already
+            try:
                 os.write(self._wake, b"!")
+            except OSError:
+                pass  # full: the flusher is woken already
 
     def _open(self) -> Journal:
         with self._lock:

@@ -1,0 +1,1 @@
+"""The measured ceiling of one PostgreSQL: its CPU, commits, WAL and bytes per task."""

@@ -1,0 +1,116 @@
+"""A PostgreSQL server of the bench's own, so every process, commit and WAL byte is the bench's.
+
+The CPU of a server's auxiliary processes (WAL writer, checkpointer, background
+writer, autovacuum), its transaction ids and its WAL position are the whole
+server's: on a server that others use they would count their work too. The
+bench makes one with the Debian cluster tools (``pg_createcluster``, as root; the
+cluster belongs to the ``postgres`` user) with the packaged defaults (``fsync``,
+``synchronous_commit`` and full page writes on, as a user's server has them),
+and drops it at the end however the bench ends.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Final
+
+import sqlalchemy as sa
+
+__all__ = ["OwnCluster"]
+
+HOST: Final = "127.0.0.1"
+_NAME: Final = "pikku_ceiling"
+_TIMEOUT: Final = 180.0
+
+
+def _run(*command: str) -> str:
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT,
+        check=False,
+        env={**os.environ, "LC_ALL": "C.UTF-8"},
+    )
+    if done.returncode != 0:
+        raise SystemExit(
+            f"`{' '.join(command)}` exited {done.returncode}: "
+            f"{(done.stderr or done.stdout).strip()[-2000:]}"
+        )
+    return done.stdout
+
+
+def _version() -> str:
+    for tool in ("pg_createcluster", "pg_ctlcluster", "pg_dropcluster"):
+        if shutil.which(tool) is None:
+            raise SystemExit(
+                f"{tool} is not on PATH: the bench makes a PostgreSQL server of its own with "
+                "the Debian cluster tools (apt-get install postgresql), as root"
+            )
+    return sorted(os.listdir("/usr/lib/postgresql"), key=lambda v: [int(p) for p in v.split(".")])[
+        -1
+    ]
+
+
+@dataclass
+class OwnCluster:
+    """A fresh PostgreSQL cluster on ``port`` for a ``with``: made, started, dropped."""
+
+    port: int
+    version: str = ""
+
+    @property
+    def url(self) -> str:
+        """The URL of its ``postgres`` database (the bench's databases are made beside it)."""
+        return f"postgresql://postgres@{HOST}:{self.port}/postgres"
+
+    def __enter__(self) -> OwnCluster:
+        self.version = _version()
+        # Left over by a bench that was killed: dropped, so the cluster starts empty.
+        self._drop()
+        _run(
+            "pg_createcluster", self.version, _NAME, "-p", str(self.port),
+            "--", "--auth-local=trust", "--auth-host=trust",
+        )  # fmt: skip
+        _run("pg_ctlcluster", "--skip-systemctl-redirect", self.version, _NAME, "start")
+        self._wait_ready()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._drop()
+
+    def _drop(self) -> None:
+        subprocess.run(
+            ["pg_dropcluster", "--stop", self.version, _NAME],
+            capture_output=True,
+            timeout=_TIMEOUT,
+            check=False,
+        )
+
+    def _wait_ready(self) -> None:
+        engine = sa.create_engine(
+            self.url.replace("postgresql://", "postgresql+psycopg://"), poolclass=sa.NullPool
+        )
+        deadline = time.monotonic() + 30
+        try:
+            while True:
+                try:
+                    with engine.connect() as conn:
+                        conn.exec_driver_sql("SELECT 1")
+                    return
+                except sa.exc.OperationalError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        finally:
+            engine.dispose()
