@@ -51,6 +51,7 @@ class Bulk:
         run_of_step = f":r0 + 1 + (i - :s0 - 1) % {runs}"
         step_of_attempt = f":s0 + 1 + (i - :h0 - 1) % {steps}"
         attempt_no = f"1 + (i - :h0 - 1) / {steps}"
+        run_of_attempt = f":r0 + 1 + (({step_of_attempt}) - :s0 - 1) % {runs}"
         self._insert(
             "workflow_runs",
             f"{prefix}INSERT INTO workflow_runs (workflow_run_id, workflow, status, input) "
@@ -68,12 +69,19 @@ class Bulk:
         for lo in range(h0 + 1, h0 + attempts + 1, BULK_CHUNK):
             self._insert(
                 "workflow_step_history",
-                f"{prefix}INSERT INTO workflow_step_history (history_id, "
+                f"{prefix}INSERT INTO workflow_step_history (history_id, workflow_run_id, "
                 "workflow_step_id, status, attempt) "
-                f"SELECT {self._id(3, 'i')}, {self._id(2, step_of_attempt)}, "
+                f"SELECT {self._id(3, 'i')}, {self._id(1, run_of_attempt)}, "
+                f"{self._id(2, step_of_attempt)}, "
                 f"CASE WHEN {attempt_no} = {ATTEMPTS_PER_BULK_STEP} "
                 f"THEN 'succeeded' ELSE 'failed' END, {attempt_no} FROM {series}",
-                {"lo": lo, "hi": min(lo + BULK_CHUNK - 1, h0 + attempts), "s0": s0, "h0": h0},
+                {
+                    "lo": lo,
+                    "hi": min(lo + BULK_CHUNK - 1, h0 + attempts),
+                    "r0": r0,
+                    "s0": s0,
+                    "h0": h0,
+                },
             )
         self.runs, self.steps, self.attempts = r0 + runs, s0 + steps, h0 + attempts
         self._settle()

@@ -320,7 +320,7 @@ class Reaper:
         if due is not None and not redispatch:
             error["redelivery_due_at"] = due.isoformat()
         moved = self.store.reaping.mark_lost(
-            attempt.step_id, attempt.attempt, attempt.delivery_count, error
+            attempt.step_id, attempt.attempt, attempt.delivery_count, error, run_id=attempt.run_id
         )
         if not moved:
             return  # it moved on meanwhile, or another reaper got there first
@@ -356,7 +356,9 @@ class Reaper:
             # reaper), or dispatched and still not started after stale_after.
             if (
                 not error.get("redispatched") or _seconds_since(seen) > self.stale_after
-            ) and self.store.reaping.retake_lost(attempt.step_id, attempt.attempt, seen):
+            ) and self.store.reaping.retake_lost(
+                attempt.step_id, attempt.attempt, seen, run_id=attempt.run_id
+            ):
                 self._send_step(attempt, attempt.attempt)
                 report.redispatched.append(attempt)
                 return
@@ -400,7 +402,7 @@ class Reaper:
         if claim.step_id in view.held or claim.step_id in view.journaled:
             return  # its message is out: a worker has it, or its dispatch is on the way to SQL
         if claim.scheduled_at is None or not self.store.reaping.retake_claim(
-            claim.step_id, claim.attempt, claim.scheduled_at
+            claim.step_id, claim.attempt, claim.scheduled_at, run_id=claim.run_id
         ):
             return
         logger.warning(

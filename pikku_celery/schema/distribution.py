@@ -53,9 +53,10 @@ PLACEMENTS: Final = (
     Placement("workflow_versions", "reference"),
     _by("workflow_runs", "workflow_run_id"),
     _by("workflow_step", "workflow_run_id"),
-    # No run id on an attempt or a delivery yet: split by the step and by the event.
-    _by("workflow_step_history", "workflow_step_id"),
-    _by("pikku_celery_deliveries", "event_id"),
+    # Keyed by their run first since revision 0013: a run's attempts and deliveries
+    # share its shard, and an attempt's foreign key to its step stays on it.
+    _by("workflow_step_history", "workflow_run_id"),
+    _by("pikku_celery_deliveries", "workflow_run_id"),
     _by("pikku_celery_run_events", "workflow_run_id"),
     _by("pikku_celery_chords", "workflow_run_id"),
     _by("pikku_celery_results", "task_id"),

@@ -275,7 +275,12 @@ workflow_runs = sa.Table(
 workflow_step = sa.Table(
     "workflow_step",
     metadata,
-    sa.Column("workflow_step_id", sa.Text, primary_key=True),
+    # Revision 0013 keys a step by its run first (``(workflow_run_id, workflow_step_id)``),
+    # so every row of a run can live on one shard of a distributed database (Citus
+    # distributes by the run id). A step id is a Celery task id, unique by making;
+    # no constraint holds it unique across runs, as a distributed table could not keep
+    # one that leaves out the run: ``idx_workflow_step_id`` finds a step by id alone.
+    sa.Column("workflow_step_id", sa.Text, nullable=False),
     sa.Column(
         "workflow_run_id",
         sa.Text,
@@ -299,8 +304,10 @@ workflow_step = sa.Table(
     sa.Column("routing", JsonText),
     sa.Column("created_at", UtcDateTime, nullable=False, server_default=_now),
     sa.Column("updated_at", UtcDateTime, nullable=False, server_default=_now),
+    sa.PrimaryKeyConstraint("workflow_run_id", "workflow_step_id", name="pk_workflow_step"),
     sa.UniqueConstraint("workflow_run_id", "step_name", name="workflow_step_run_name_unique"),
     sa.Index("idx_workflow_step_run_status", "workflow_run_id", "status"),
+    sa.Index("idx_workflow_step_id", "workflow_step_id"),
     # Added by revision 0003: the reaper and the stale-message report look only
     # at unfinished steps, a small part of the table; a partial index keeps
     # their scan that size however many finished steps pile up.
@@ -316,13 +323,8 @@ workflow_step = sa.Table(
 workflow_step_history = sa.Table(
     "workflow_step_history",
     metadata,
-    sa.Column("history_id", sa.Text, primary_key=True),
-    sa.Column(
-        "workflow_step_id",
-        sa.Text,
-        sa.ForeignKey("workflow_step.workflow_step_id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    sa.Column("history_id", sa.Text, nullable=False),
+    sa.Column("workflow_step_id", sa.Text, nullable=False),
     sa.Column("status", sa.Text, nullable=False),
     sa.Column("result", JsonText),
     sa.Column("error", JsonText),
@@ -344,10 +346,24 @@ workflow_step_history = sa.Table(
     # Added by revision 0008: the task that took over this attempt's task id when
     # Celery replaced it (``Task.replace``); the attempt ends with that task.
     sa.Column("replaced_by", sa.Text),
-    sa.UniqueConstraint(
-        "workflow_step_id", "attempt", name="workflow_step_history_step_attempt_unique"
+    # Added by revision 0013: the attempt's run, first in every key, and the foreign key
+    # to its step through it (a step's attempts share its run's shard; deleting the run
+    # still deletes them).
+    sa.Column("workflow_run_id", sa.Text, nullable=False),
+    sa.PrimaryKeyConstraint("workflow_run_id", "history_id", name="pk_workflow_step_history"),
+    sa.ForeignKeyConstraint(
+        ["workflow_run_id", "workflow_step_id"],
+        ["workflow_step.workflow_run_id", "workflow_step.workflow_step_id"],
+        name="fk_workflow_step_history_step",
+        ondelete="CASCADE",
     ),
-    sa.Index("idx_workflow_step_history_step", "workflow_step_id", "created_at"),
+    sa.UniqueConstraint(
+        "workflow_run_id",
+        "workflow_step_id",
+        "attempt",
+        name="workflow_step_history_step_attempt_unique",
+    ),
+    sa.Index("idx_workflow_step_history_step", "workflow_run_id", "workflow_step_id", "created_at"),
 )
 
 workflow_versions = sa.Table(
@@ -369,8 +385,13 @@ workflow_versions = sa.Table(
 mirror_deliveries = sa.Table(
     "pikku_celery_deliveries",
     metadata,
-    sa.Column("event_id", sa.Text, primary_key=True),
+    sa.Column("event_id", sa.Text, nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
+    # Added by revision 0013: the run of the step delivered, first in the key (rows of
+    # before it, whose run nothing told, carry ``''``). No foreign key: the ledger is
+    # forgotten by age, and a delivery is counted in the statement that writes its step.
+    sa.Column("workflow_run_id", sa.Text, nullable=False),
+    sa.PrimaryKeyConstraint("workflow_run_id", "event_id", name="pk_pikku_celery_deliveries"),
     sa.Index("idx_pikku_celery_deliveries_created", "created_at"),
 )
 
@@ -396,7 +417,8 @@ leases = sa.Table(
 run_events = sa.Table(
     "pikku_celery_run_events",
     metadata,
-    sa.Column("event_id", sa.Text, primary_key=True),
+    # Keyed by its run first since revision 0013.
+    sa.Column("event_id", sa.Text, nullable=False),
     sa.Column(
         "workflow_run_id",
         sa.Text,
@@ -408,6 +430,7 @@ run_events = sa.Table(
     sa.Column("sent_at", UtcDateTime, nullable=False),
     sa.Column("taken_by_step_id", sa.Text),
     sa.Column("taken_at", UtcDateTime),
+    sa.PrimaryKeyConstraint("workflow_run_id", "event_id", name="pk_pikku_celery_run_events"),
     sa.Index("idx_pikku_celery_run_events_run_name", "workflow_run_id", "name", "sent_at"),
 )
 
@@ -419,7 +442,7 @@ run_events = sa.Table(
 chords = sa.Table(
     "pikku_celery_chords",
     metadata,
-    sa.Column("body_id", sa.Text, primary_key=True),
+    sa.Column("body_id", sa.Text, nullable=False),
     sa.Column(
         "workflow_run_id",
         sa.Text,
@@ -427,7 +450,12 @@ chords = sa.Table(
         nullable=False,
     ),
     sa.Column("created_at", UtcDateTime, nullable=False),
-    sa.Index("idx_pikku_celery_chords_run", "workflow_run_id"),
+    # Added by revision 0013: the body's step is written (set when it is), so whether a
+    # run may complete is read from the run's own rows, never from another run's steps.
+    sa.Column("body_written", Flag, nullable=False, server_default=sa.false()),
+    # Keyed by its run first since revision 0013 (the key serves the run's lookups).
+    sa.PrimaryKeyConstraint("workflow_run_id", "body_id", name="pk_pikku_celery_chords"),
+    sa.Index("idx_pikku_celery_chords_body", "body_id"),
 )
 
 # Not one of Pikku's tables: Celery's own view of each task, for ``backend="pikku://"``.

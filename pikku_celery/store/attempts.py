@@ -57,11 +57,13 @@ class Attempts:
         eta: dt.datetime | None = None,
         reason: str | None = None,
         at: dt.datetime | None = None,
+        run_id: str | None = None,
         conn: sa.Connection | None = None,
     ) -> None:
         """Attempt ``attempt`` of the step moved to ``status``: both rows, no read first.
 
-        ``at``: when it happened (default now).
+        ``at``: when it happened (default now). ``run_id``: the step's run, if the caller
+        knows it (the statements then name it; else they look it up by the step's id).
 
         The attempt row is created if it does not exist yet. A ``running``
         event for an attempt that already ran is a redelivery: it adds to the
@@ -73,6 +75,7 @@ class Attempts:
             raise ValueError(f"Attempts are numbered from 1, not {attempt}.")
         timestamp = at or now()
         params: dict[str, Any] = {
+            "run_id": run_id,
             "step_id": step_id,
             "attempt_no": attempt,
             "history_id": new_id(),
@@ -97,7 +100,7 @@ class Attempts:
             params["error"] = None if error is None else self._db.error_json(error)
         try:
             with self._db.single(conn) as c:
-                for statement in self._db.sql.record_attempt(status):
+                for statement in self._db.sql.record_attempt(status, keyed=run_id is not None):
                     self._db.run(c, statement, params)
         except StoreError as exc:
             if isinstance(exc.__cause__, sa_exc.IntegrityError):
@@ -110,15 +113,23 @@ class Attempts:
         status: NewAttemptStatus = "pending",
         *,
         reason: str = "retry",
+        run_id: str | None = None,
         conn: sa.Connection | None = None,
     ) -> StepState:
         """Move the step to attempt n+1 and add that attempt's row, atomically.
 
         ``reason`` is recorded on the attempt: ``retry``, ``resume``, ``rerun``...
+        ``run_id``: the step's run, if the caller knows it (else looked up by step id).
         """
         if status not in _NEW_ATTEMPT_STATUSES:
             raise InvalidStatus("new attempt", status, _NEW_ATTEMPT_STATUSES)
-        params = {"step_id": step_id, "now": now(), "history_id": new_id(), "reason": reason}
+        params = {
+            "run_id": run_id,
+            "step_id": step_id,
+            "now": now(),
+            "history_id": new_id(),
+            "reason": reason,
+        }
         *first, moving = self._db.sql.next_attempt(status)
         with self._db.single(conn) as c:
             for statement in first:

@@ -45,7 +45,9 @@ class BatchWrites(Protocol):
 
     def known_runs(self, c: sa.Connection, run_ids: list[str]) -> set[str]: ...
 
-    def steps_present(self, c: sa.Connection, step_ids: list[str]) -> set[str]: ...
+    def steps_present(
+        self, c: sa.Connection, run_ids: list[str], step_ids: list[str]
+    ) -> set[str]: ...
 
     def write_steps(
         self,
@@ -92,8 +94,9 @@ class PostgresWrites:
     def known_runs(self, c: sa.Connection, run_ids: list[str]) -> set[str]:
         return set(c.execute(sql.batches.known_runs_pg, {"run_ids": run_ids}).scalars())
 
-    def steps_present(self, c: sa.Connection, step_ids: list[str]) -> set[str]:
-        return set(c.execute(sql.batches.steps_present_pg, {"step_ids": step_ids}).scalars())
+    def steps_present(self, c: sa.Connection, run_ids: list[str], step_ids: list[str]) -> set[str]:
+        params = {"run_ids": run_ids, "step_ids": step_ids}
+        return set(c.execute(sql.batches.steps_present_pg, params).scalars())
 
     def write_steps(
         self,
@@ -122,7 +125,10 @@ class PostgresWrites:
         calls: Later = []
         if lone:
             calls.append(
-                (sql.batches.schedule_lone_steps_pg, {"rows": _array(list(lone.values()))})
+                (
+                    sql.batches.schedule_lone_steps_pg,
+                    {"rows": _array(list(lone.values())), "run_ids": sorted(lone)},
+                )
             )
         if deliveries:
             calls.append((sql.batches.count_deliveries_pg, {"rows": _array(deliveries)}))
@@ -139,7 +145,8 @@ class PostgresWrites:
         self, c: sa.Connection, status: str, rows: list[dict[str, Any]], later: Later
     ) -> None:
         ids = sorted({row["step_id"] for row in rows})
-        self._set(later, sql.batches.record_attempts_pg(status), rows, step_ids=ids)
+        runs = sorted({row["run_id"] for row in rows})
+        self._set(later, sql.batches.record_attempts_pg(status), rows, run_ids=runs, step_ids=ids)
 
     def write_outcomes(
         self,
@@ -193,8 +200,9 @@ class SqliteWrites:
     def known_runs(self, c: sa.Connection, run_ids: list[str]) -> set[str]:
         return set(c.execute(sql.batches.known_runs, {"run_ids": run_ids}).scalars())
 
-    def steps_present(self, c: sa.Connection, step_ids: list[str]) -> set[str]:
-        return set(c.execute(sql.batches.steps_present, {"step_ids": step_ids}).scalars())
+    def steps_present(self, c: sa.Connection, run_ids: list[str], step_ids: list[str]) -> set[str]:
+        params = {"run_ids": run_ids, "step_ids": step_ids}
+        return set(c.execute(sql.batches.steps_present, params).scalars())
 
     def write_steps(
         self,
@@ -231,7 +239,7 @@ class SqliteWrites:
     def write_transitions(
         self, c: sa.Connection, status: str, rows: list[dict[str, Any]], later: Later
     ) -> None:
-        for statement in self._sql.record_attempt(status):
+        for statement in self._sql.record_attempt(status, keyed=True):
             self._db.run_many(c, statement, rows)
 
     def write_outcomes(

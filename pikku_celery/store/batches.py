@@ -127,9 +127,10 @@ class Batches:
         placed, missing = self._place_steps(c, batch.steps, known)
         # The deliveries of the transitions whose step is there or about to be are counted
         # with the steps' writes; those of a step that could not be written are taken back.
-        hopeful = {s.step_id for s in placed}
+        run_of = {step_id: run_id for step_id, (_, run_id, _) in known.items()}
+        run_of.update((s.step_id, s.run_id) for s in placed)
         unwritten, counted = self._write_steps(
-            c, placed, [t for t in batch.transitions if t.step_id in known or t.step_id in hopeful]
+            c, placed, [t for t in batch.transitions if t.step_id in run_of], run_of
         )
         missing |= unwritten
         written = [s for s in placed if s.step_id not in missing]
@@ -142,7 +143,7 @@ class Batches:
         transitions = [t for t in batch.transitions if t.step_id in known]
         missing |= {t.step_id for t in batch.transitions if t.step_id not in known}
         if unwritten:
-            counted -= self._uncount(c, batch.transitions, unwritten, counted)
+            counted -= self._uncount(c, batch.transitions, unwritten, counted, run_of)
         # The writes no answer is awaited of wait here (PostgreSQL), to go in one round trip.
         later: Later = []
         self._write_transitions(c, transitions, known, counted, later)
@@ -150,7 +151,7 @@ class Batches:
         missing |= {h.step_id for h in batch.handovers if h.step_id not in known}
         if handovers or batch.chord_parts or batch.results or batch.chords or batch.chords_sent:
             self._sql.send(c, later)  # in order: what follows reads what these wrote
-        self._write_handovers(c, handovers)
+        self._write_handovers(c, handovers, known)
 
         # A result is written with its attempt's end: one whose step waits, waits with it.
         # Before the results: a header task adds to its chord before its own result.
@@ -195,12 +196,16 @@ class Batches:
         return placed, missing
 
     def _write_steps(
-        self, c: sa.Connection, placed: Sequence[NewStep], hopeful: Sequence[StepTransition]
+        self,
+        c: sa.Connection,
+        placed: Sequence[NewStep],
+        hopeful: Sequence[StepTransition],
+        run_of: dict[str, str],
     ) -> tuple[set[str], set[str]]:
         """Insert the steps and count the deliveries of the ``hopeful`` transitions; returns
         the ids of the steps that could not be written (a name race) and the deliveries
         counted now."""
-        deliveries = self._delivery_rows(hopeful)
+        deliveries = self._delivery_rows(hopeful, run_of)
         if not placed:
             return set(), self._sql.count_deliveries(c, deliveries) if deliveries else set()
         rows = [
@@ -251,7 +256,9 @@ class Batches:
         at = {s.step_id: s.at for s in written if s.run_workflow is None and s.parent_step_id}
         if not at:
             return {}
-        held = c.execute(sql.batches.runs_held_by_bodies, {"body_ids": sorted(at)}).scalars()
+        # The chords' rows say their bodies are written from now on: a run's completion
+        # reads only its own rows.
+        held = c.execute(sql.batches.mark_bodies_written, {"body_ids": sorted(at)}).scalars()
         latest = max(at.values())
         return dict.fromkeys(held.all(), latest)
 
@@ -259,12 +266,21 @@ class Batches:
         self, c: sa.Connection, placed: Sequence[NewStep], present: set[str]
     ) -> set[str]:
         ids = sorted({s.step_id for s in placed} - present)
-        return set(ids) - self._sql.steps_present(c, ids) if ids else set()
+        if not ids:
+            return set()
+        runs = sorted({s.run_id for s in placed if s.step_id in ids})
+        return set(ids) - self._sql.steps_present(c, runs, ids)
 
     @staticmethod
-    def _delivery_rows(transitions: Iterable[StepTransition]) -> list[dict[str, Any]]:
+    def _delivery_rows(
+        transitions: Iterable[StepTransition], run_of: dict[str, str]
+    ) -> list[dict[str, Any]]:
         return [
-            {"event_id": event_id, "created_at": t.running_at or t.at}
+            {
+                "workflow_run_id": run_of[t.step_id],
+                "event_id": event_id,
+                "created_at": t.running_at or t.at,
+            }
             for t in transitions
             for event_id in t.delivery_ids
         ]
@@ -275,13 +291,15 @@ class Batches:
         transitions: Iterable[StepTransition],
         unwritten: set[str],
         counted: set[str],
+        run_of: dict[str, str],
     ) -> set[str]:
         """Forget the deliveries this batch counted of steps it could not write: their
         transitions wait for a later batch, which counts them then."""
         back = {d for t in transitions if t.step_id in unwritten for d in t.delivery_ids}
         back &= counted
         if back:
-            c.execute(sql.batches.uncount_deliveries, {"event_ids": sorted(back)})
+            runs = sorted({run_of[t.step_id] for t in transitions if t.step_id in unwritten})
+            c.execute(sql.batches.uncount_deliveries, {"run_ids": runs, "event_ids": sorted(back)})
         return back
 
     def _write_transitions(
@@ -300,6 +318,7 @@ class Batches:
             by_status.setdefault(t.status, {}).setdefault(
                 (t.step_id, attempt),
                 {
+                    "run_id": known[t.step_id][1],
                     "step_id": t.step_id,
                     "attempt_no": attempt,
                     "history_id": new_id(),
@@ -325,11 +344,21 @@ class Batches:
         for status, keyed in by_status.items():
             self._sql.write_transitions(c, status, list(keyed.values()), later)
 
-    def _write_handovers(self, c: sa.Connection, handovers: Sequence[Handover]) -> None:
+    def _write_handovers(
+        self,
+        c: sa.Connection,
+        handovers: Sequence[Handover],
+        known: dict[str, tuple[int, str, Any]],
+    ) -> None:
         # After the transitions: the replaced attempt's own start is in the same batch
         # or an earlier one (one process journals both, in order).
         rows = [
-            {"step_id": h.step_id, "attempt_no": h.attempt, "replaced_by": h.replaced_by}
+            {
+                "run_id": known[h.step_id][1],
+                "step_id": h.step_id,
+                "attempt_no": h.attempt,
+                "replaced_by": h.replaced_by,
+            }
             for h in handovers
         ]
         if rows:

@@ -166,6 +166,7 @@ def first_attempt_rows(
     }
     attempt = {
         "history_id": new_id(),
+        "workflow_run_id": run_id,
         "workflow_step_id": step_id,
         "status": status,
         "attempt": 1,

@@ -69,7 +69,7 @@ class Dialect(ABC):
         self.claim_step: Final = sql.claims.claim_step(insert)
         self.upsert_workflow_version: Final = sql.versions.upsert_workflow_version(insert)
         self.insert_run_if_absent: Final = sql.workflows.insert_run_if_absent(insert)
-        self.open_chord: Final = sql.batches.open_chord(insert)
+        self.open_chord: Final = sql.batches.open_chord(insert, self._typed)
         self.take_lease: Final = sql.leases.take(insert, self.clock)
         self.renew_lease: Final = sql.leases.renew(self.clock)
         self.release_lease: Final = sql.leases.release(self.clock)
@@ -92,10 +92,16 @@ class Dialect(ABC):
     def among(key: sa.ColumnElement[Any], ids: sa.ScalarSelect[Any]) -> sa.ColumnElement[bool]:
         """``key`` is one of the ids the subquery selects."""
 
+    @staticmethod
     @abstractmethod
-    def record_attempt(self, status: str) -> tuple[sa.Executable, ...]:
+    def _typed(name: str, type_: Any) -> sa.ColumnElement[Any]:
+        """A parameter of a given type inside INSERT ... SELECT, the dialect's way."""
+
+    @abstractmethod
+    def record_attempt(self, status: str, *, keyed: bool = False) -> tuple[sa.Executable, ...]:
         """An event's attempt row and step row (``sql.attempts``), sent in this order with
-        the same parameters: one statement where a lone write runs in autocommit."""
+        the same parameters: one statement where a lone write runs in autocommit.
+        ``keyed``: the parameters name the step's run (``run_id``)."""
 
     @abstractmethod
     def next_attempt(self, status: str) -> tuple[sa.Executable, ...]:
@@ -136,9 +142,14 @@ class PostgreSQL(Dialect):
         # table is large; ``= ANY(ARRAY(...))`` looks each id up in the key's index instead.
         return key == sa.any_(sa.func.array(ids))
 
-    def record_attempt(self, status: str) -> tuple[sa.Executable, ...]:
+    @staticmethod
+    def _typed(name: str, type_: Any) -> sa.ColumnElement[Any]:
+        # In INSERT ... SELECT, PostgreSQL needs each parameter's type spelled out.
+        return sa.cast(sa.bindparam(name), type_)
+
+    def record_attempt(self, status: str, *, keyed: bool = False) -> tuple[sa.Executable, ...]:
         # The step row's update rides along in the same statement: one round trip.
-        return (sql.attempts.record_attempt_pg(status),)
+        return (sql.attempts.record_attempt_pg(status, keyed),)
 
     def next_attempt(self, status: str) -> tuple[sa.Executable, ...]:
         return (sql.attempts.retry_attempt_pg(status),)
@@ -182,10 +193,10 @@ class SQLite(Dialect):
         # timestamp into a number.
         return sa.bindparam(name, type_=type_)
 
-    def record_attempt(self, status: str) -> tuple[sa.Executable, ...]:
+    def record_attempt(self, status: str, *, keyed: bool = False) -> tuple[sa.Executable, ...]:
         return (
-            sql.attempts.record_attempt_step(status),
-            sql.attempts.record_attempt(self.insert, status),
+            sql.attempts.record_attempt_step(status, keyed),
+            sql.attempts.record_attempt(self.insert, status, keyed),
         )
 
     def next_attempt(self, status: str) -> tuple[sa.Executable, ...]:

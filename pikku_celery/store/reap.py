@@ -59,24 +59,50 @@ class Reaping:
             return [UnsentClaim.from_row(row) for row in rows]
 
     def retake_claim(
-        self, step_id: str, attempt: int, seen: dt.datetime, *, conn: sa.Connection | None = None
+        self,
+        step_id: str,
+        attempt: int,
+        seen: dt.datetime,
+        *,
+        run_id: str | None = None,
+        conn: sa.Connection | None = None,
     ) -> bool:
         """True for the one caller that is to send this unsent claim's message now.
 
-        ``seen``: the claim's ``scheduled_at`` as the caller read it.
+        ``seen``: the claim's ``scheduled_at`` as the caller read it. ``run_id``: the
+        step's run, as the scan read it (else looked up by the step's id).
         """
-        params = {"step_id": step_id, "attempt_no": attempt, "seen": seen, "now": now()}
+        params = {
+            "run_id": run_id,
+            "step_id": step_id,
+            "attempt_no": attempt,
+            "seen": seen,
+            "now": now(),
+        }
         with self._db.single(conn) as c:
             return bool(c.execute(sql.reap.retake_unsent, params).rowcount)
 
     def retake_lost(
-        self, step_id: str, attempt: int, seen: dt.datetime, *, conn: sa.Connection | None = None
+        self,
+        step_id: str,
+        attempt: int,
+        seen: dt.datetime,
+        *,
+        run_id: str | None = None,
+        conn: sa.Connection | None = None,
     ) -> bool:
         """True for the one caller that is to send this lost step (again) now.
 
-        ``seen``: the step's ``updated_at`` as the caller read it.
+        ``seen``: the step's ``updated_at`` as the caller read it. ``run_id``: the
+        step's run, as the scan read it (else looked up by the step's id).
         """
-        params = {"step_id": step_id, "attempt_no": attempt, "seen": seen, "now": now()}
+        params = {
+            "run_id": run_id,
+            "step_id": step_id,
+            "attempt_no": attempt,
+            "seen": seen,
+            "now": now(),
+        }
         with self._db.single(conn) as c:
             return bool(c.execute(sql.reap.retake_lost, params).rowcount)
 
@@ -102,10 +128,14 @@ class Reaping:
         delivery_count: int,
         error: Mapping[str, Any],
         *,
+        run_id: str | None = None,
         conn: sa.Connection | None = None,
     ) -> bool:
-        """``running`` -> ``lost`` for exactly the delivery seen; True if this call moved it."""
+        """``running`` -> ``lost`` for exactly the delivery seen; True if this call moved it.
+
+        ``run_id``: the step's run, as the scan read it (else looked up by the step's id)."""
         params = {
+            "run_id": run_id,
             "step_id": step_id,
             "attempt_no": attempt,
             "seen_deliveries": delivery_count,
@@ -138,7 +168,13 @@ class Reaping:
         """
         document = self._db.error_json(dict(error))
         moment = now()
-        params = {"step_id": step_id, "attempt_no": attempt, "error": document, "now": moment}
+        params = {
+            "run_id": run_id,
+            "step_id": step_id,
+            "attempt_no": attempt,
+            "error": document,
+            "now": moment,
+        }
         with self._db.write(conn) as c:
             if c.execute(sql.reap.give_up_step, params).rowcount == 0:
                 return False
@@ -154,6 +190,7 @@ class Reaping:
                     # Strictly after the lost attempt at a millisecond's precision, which
                     # is what a reader comparing JavaScript Dates takes as newer.
                     at=moment + NEXT_ATTEMPT_GAP,
+                    run_id=run_id,
                     conn=c,
                 )
             elif settle_run:

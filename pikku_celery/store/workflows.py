@@ -106,9 +106,12 @@ class Workflows:
                 child_workflow, data, run_id=child_run_id, graph_hash=graph_hash, wire=wire, conn=c
             )
             c.execute(
-                sql.workflows.set_child_run, {"step_id": step_id, "child_run_id": child_run_id}
+                sql.workflows.set_child_run,
+                {"run_id": run_id, "step_id": step_id, "child_run_id": child_run_id},
             )
-            self._attempts.record_attempt(step_id, 1, "running", task_id=child_run_id, conn=c)
+            self._attempts.record_attempt(
+                step_id, 1, "running", task_id=child_run_id, run_id=run_id, conn=c
+            )
         return True
 
     def end_child(
@@ -136,6 +139,7 @@ class Workflows:
                 _CHILD_ENDS[status],
                 result=None if isinstance(output, Unset) else output,
                 error=error,
+                run_id=step.run_id,
                 conn=c,
             )
         return True
@@ -177,7 +181,8 @@ class Workflows:
         """Record the branch the workflow took after the step (``branch_taken``)."""
         with self._db.single(conn) as c:
             result = c.execute(
-                sql.workflows.set_branch_taken, {"step_id": step_id, "branch": branch, "now": now()}
+                sql.workflows.set_branch_taken,
+                {"run_id": None, "step_id": step_id, "branch": branch, "now": now()},
             )
             if result.rowcount == 0:
                 raise StepNotFound(step_id=step_id)
@@ -215,7 +220,7 @@ class Workflows:
         ``(False, None)`` when there is none, or when the wait has ended
         already (another replay delivered an event, or it timed out).
         """
-        guard = {"step_id": step_id, "attempt_no": attempt, "now": now()}
+        guard = {"run_id": run_id, "step_id": step_id, "attempt_no": attempt, "now": now()}
         try:
             with self._db.write(None) as c:
                 if c.execute(sql.workflows.hold_open_step, guard).rowcount == 0:
@@ -228,12 +233,17 @@ class Workflows:
                         raise _Nothing  # rolls the guard back: nothing changed
                     taken = c.execute(
                         sql.workflows.take_event,
-                        {"the_event": event.event_id, "step_id": step_id, "now": now()},
+                        {
+                            "run_id": run_id,
+                            "the_event": event.event_id,
+                            "step_id": step_id,
+                            "now": now(),
+                        },
                     )
                     if taken.rowcount:
                         break
                 self._attempts.record_attempt(
-                    step_id, attempt, "succeeded", result=event.data, conn=c
+                    step_id, attempt, "succeeded", result=event.data, run_id=run_id, conn=c
                 )
         except _Nothing:
             return False, None
@@ -247,13 +257,17 @@ class Workflows:
                 return False
             c.execute(
                 sql.workflows.set_step_data,
-                {"step_id": step_id, "data": self._db.json(data, "input of a wait")},
+                {
+                    "run_id": None,
+                    "step_id": step_id,
+                    "data": self._db.json(data, "input of a wait"),
+                },
             )
         return True
 
     def time_out_wait(self, step_id: str, attempt: int, error: ErrorLike) -> bool:
         """Fail the waiting step with its timeout, unless its wait has ended already."""
-        guard = {"step_id": step_id, "attempt_no": attempt, "now": now()}
+        guard = {"run_id": None, "step_id": step_id, "attempt_no": attempt, "now": now()}
         try:
             with self._db.write(None) as c:
                 if c.execute(sql.workflows.hold_open_step, guard).rowcount == 0:

@@ -330,7 +330,9 @@ class WorkflowContext:
         wake_at = dt.datetime.fromisoformat((step.data or {}).get("wake_at", now.isoformat()))
         if now >= wake_at:
             # Past its time: whichever comes first, this replay or the wake-up message.
-            self._store.attempts.record_attempt(step.step_id, step.attempt_count, "succeeded")
+            self._store.attempts.record_attempt(
+                step.step_id, step.attempt_count, "succeeded", run_id=step.run_id
+            )
             return
         # The wake-up may have been lost with a worker; another one costs nothing
         # (waking is idempotent), so every replay of a sleeping run sends one.
@@ -494,7 +496,12 @@ class WorkflowContext:
             self._previous_id = step_id
         else:  # pending again after a resume or rerun: a new attempt of the same step
             self._store.attempts.record_attempt(
-                step.step_id, step.attempt_count, status, result=value, error=error
+                step.step_id,
+                step.attempt_count,
+                status,
+                result=value,
+                error=error,
+                run_id=step.run_id,
             )
         if error is not None:
             raise StepFailed(key, error)
@@ -545,7 +552,7 @@ class WorkflowContext:
             child_id = step.child_run_id or child_run_id
             reopen(self._store, child_id, rerun_completed=True)
             self._store.attempts.record_attempt(
-                step.step_id, step.attempt_count, "running", task_id=child_id
+                step.step_id, step.attempt_count, "running", task_id=child_id, run_id=step.run_id
             )
             self._dispatcher.orchestrate(child_id)
         return _IN_FLIGHT

@@ -208,7 +208,7 @@ class WorkflowEngine:
     def _wake(self, run_id: str, step_id: str, attempt: int) -> None:
         # A durable sleep's wake-up (a wait's timeout is a plain replay at its deadline).
         try:
-            self.store.attempts.record_attempt(step_id, attempt, "succeeded")
+            self.store.attempts.record_attempt(step_id, attempt, "succeeded", run_id=run_id)
         except StepNotFound:  # the run went with its steps
             _gone("wake-up", run_id)
             return
@@ -315,7 +315,12 @@ class WorkflowEngine:
             )
             for step in open_steps:
                 store.attempts.record_attempt(
-                    step.step_id, step.attempt_count, "cancelled", error=error, conn=conn
+                    step.step_id,
+                    step.attempt_count,
+                    "cancelled",
+                    error=error,
+                    run_id=step.run_id,
+                    conn=conn,
                 )
             if cancelled and parent is not None:
                 store.workflows.end_child(

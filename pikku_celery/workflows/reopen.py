@@ -48,6 +48,8 @@ def reopen(
         reason, from_statuses = "resume", _RESUMABLE
     with store.transaction() as conn:
         for step in again:
-            store.attempts.create_retry_attempt(step.step_id, "pending", reason=reason, conn=conn)
+            store.attempts.create_retry_attempt(
+                step.step_id, "pending", reason=reason, run_id=step.run_id, conn=conn
+            )
         store.claims.move_run(run_id, "running", from_statuses=from_statuses, conn=conn)
     return [step.step_name for step in again]

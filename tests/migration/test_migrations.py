@@ -17,14 +17,16 @@ from alembic.runtime.migration import MigrationContext
 from pikku_celery import WorkflowStore
 from pikku_celery.errors import StoreError
 from pikku_celery.schema import metadata, migrate
+from pikku_celery.schema.tables import read_flag
 from pikku_celery.store.models import seconds_of
 from tests.conftest import PgServer
 from tests.support import transitions
 
 EXPECTED_INDEXES = {
-    "workflow_step_history": ["workflow_step_id", "created_at"],
+    "workflow_step_history": ["workflow_run_id", "workflow_step_id", "created_at"],
     "workflow_runs": ["status", "created_at"],
     "workflow_step": ["workflow_run_id", "status"],
+    "pikku_celery_chords": ["body_id"],
     "workflow_versions": ["source", "status"],
 }
 
@@ -69,7 +71,20 @@ def test_every_declared_index_exists_with_its_leading_columns(empty_url: str) ->
         for table in ("workflow_step", "workflow_step_history")
     }
     assert ["workflow_run_id", "step_name"] in uniques["workflow_step"]
-    assert ["workflow_step_id", "attempt"] in uniques["workflow_step_history"]
+    assert ["workflow_run_id", "workflow_step_id", "attempt"] in uniques["workflow_step_history"]
+    # Every key of a run-keyed table leads with its run (revision 0013).
+    for table in (
+        "workflow_step",
+        "workflow_step_history",
+        "pikku_celery_deliveries",
+        "pikku_celery_run_events",
+        "pikku_celery_chords",
+    ):
+        key = inspector.get_pk_constraint(table)["constrained_columns"]
+        assert key[0] == "workflow_run_id", (table, key)
+    [to_step] = inspector.get_foreign_keys("workflow_step_history")
+    assert to_step["constrained_columns"] == ["workflow_run_id", "workflow_step_id"]
+    assert to_step["options"].get("ondelete") == "CASCADE"
     assert "pikku_celery_alembic_version" in inspector.get_table_names()
     assert "alembic_version" not in inspector.get_table_names()
     store.close()
@@ -297,3 +312,112 @@ def test_the_compat_downgrade_drops_only_its_views_and_never_a_pikku_services_ta
         assert _raw(store.engine, "SELECT id FROM public.channels") == [("kept",)]
     finally:
         store.close()
+
+
+def _write_0012_rows(engine: sa.Engine) -> None:
+    """A run with two steps and their attempts, a chord whose body is written and one whose
+    body is not, a counted delivery and an event, as revision 0012 kept them."""
+    at = "2026-12-01T07:09:14.000000Z"
+    with engine.begin() as conn:
+
+        def write(sql: str, **params: Any) -> None:
+            conn.execute(sa.text(sql), {"at": at, **params})
+
+        for run_id in ("r1", "r2"):
+            write(
+                "INSERT INTO workflow_runs (workflow_run_id, workflow, status, input, "
+                "created_at, updated_at) VALUES (:r, 'old', 'running', '{}', :at, :at)",
+                r=run_id,
+            )
+        for step_id, run_id, name in (("s1", "r1", "a"), ("s2", "r1", "b"), ("s3", "r2", "a")):
+            write(
+                "INSERT INTO workflow_step (workflow_step_id, workflow_run_id, step_name, "
+                "status, current_attempt, created_at, updated_at) "
+                "VALUES (:s, :r, :n, 'running', 1, :at, :at)",
+                s=step_id,
+                r=run_id,
+                n=name,
+            )
+        for history_id, step_id, attempt in (("h1", "s1", 1), ("h2", "s1", 2), ("h3", "s3", 1)):
+            write(
+                "INSERT INTO workflow_step_history (history_id, workflow_step_id, status, "
+                "attempt, created_at) VALUES (:h, :s, 'running', :n, :at)",
+                h=history_id,
+                s=step_id,
+                n=attempt,
+            )
+        write("INSERT INTO pikku_celery_deliveries (event_id, created_at) VALUES ('d1', :at)")
+        write(
+            "INSERT INTO pikku_celery_run_events (event_id, workflow_run_id, name, sent_at) "
+            "VALUES ('e1', 'r1', 'paid', :at)"
+        )
+        for body_id in ("s2", "not-out"):
+            write(
+                "INSERT INTO pikku_celery_chords (body_id, workflow_run_id, created_at) "
+                "VALUES (:b, 'r1', :at)",
+                b=body_id,
+            )
+
+
+def test_0013_keys_rows_of_0012_by_their_run_and_its_downgrade_keeps_them(
+    empty_url: str,
+) -> None:
+    store = WorkflowStore(empty_url)
+    migrate.upgrade(store.engine, "0012")
+    _write_0012_rows(store.engine)
+    migrate.upgrade(store.engine, "0013")
+
+    history = "SELECT history_id, workflow_run_id FROM workflow_step_history ORDER BY history_id"
+    assert _raw(store.engine, history) == [("h1", "r1"), ("h2", "r1"), ("h3", "r2")]
+    # Nothing told a delivery of before its run: it is kept under no run, and goes by age.
+    assert _raw(store.engine, "SELECT workflow_run_id, event_id FROM pikku_celery_deliveries") == [
+        ("", "d1")
+    ]
+    assert _raw(store.engine, "SELECT workflow_run_id, event_id FROM pikku_celery_run_events") == [
+        ("r1", "e1")
+    ]
+    chords = dict(_raw(store.engine, "SELECT body_id, body_written FROM pikku_celery_chords"))
+    assert {body: read_flag(flag) for body, flag in chords.items()} == {
+        "s2": True,
+        "not-out": False,
+    }
+    # The store reads and writes the rows it kept: an attempt goes on by its run.
+    store.attempts.record_attempt("s1", 2, "succeeded", result="done")
+    attempts = [(a.step_name, a.attempt, a.status) for a in store.get_run_history("r1")]
+    assert attempts == [("a", 1, "running"), ("a", 2, "succeeded")]
+    # The open chord whose body is not out still holds its run.
+    store.attempts.record_attempt("s2", 1, "succeeded", result="b")
+    store.attempts.record_attempt("s1", 1, "succeeded", result="a")
+    assert not store.attempts.complete_run_if_done("r1")
+    # A run's deletion still takes its steps' attempts with it, through the run-keyed key.
+    assert store.delete_run("r2")
+    assert _raw(store.engine, "SELECT count(*) FROM workflow_step_history") == [(3,)]
+    assert _raw(store.engine, "SELECT count(*) FROM workflow_step_history WHERE attempt = 1") == [
+        (2,)  # s1's and s2's; s3's went with its run
+    ]
+
+    # A step id written in a second run, which the new keys allow: the old ones do not,
+    # so the downgrade keeps the first row and its attempts.
+    store.create_run("again", {}, run_id="r3")
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO workflow_step (workflow_step_id, workflow_run_id, step_name, "
+                "status, created_at, updated_at) VALUES ('s1', 'r3', 'a', 'running', :at, :at)"
+            ),
+            {"at": dt.datetime.now(dt.timezone.utc)},
+        )
+    store.attempts.record_attempt("s1", 1, "running", run_id="r3")
+
+    migrate.downgrade(store.engine, "0012")
+    kept = "SELECT workflow_step_id, attempt FROM workflow_step_history ORDER BY 1, 2"
+    assert _raw(store.engine, kept) == [("s1", 1), ("s1", 2), ("s2", 1)]
+    assert _raw(
+        store.engine, "SELECT workflow_run_id FROM workflow_step WHERE workflow_step_id = 's1'"
+    ) == [("r1",)]
+    assert _raw(store.engine, "SELECT event_id FROM pikku_celery_deliveries") == [("d1",)]
+    bodies = "SELECT body_id FROM pikku_celery_chords ORDER BY body_id"
+    assert _raw(store.engine, bodies) == [("not-out",), ("s2",)]
+    store.init()
+    assert [a.attempt for a in store.get_run_history("r1")] == [1, 2, 1]
+    store.close()

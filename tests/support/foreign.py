@@ -92,7 +92,7 @@ def insert_foreign_run(engine: sa.Engine, run_id: str = "pikku-run-1") -> Foreig
         *map(
             sa.column,
             "history_id workflow_step_id status result error attempt created_at running_at "
-            "succeeded_at failed_at".split(),
+            "succeeded_at failed_at workflow_run_id".split(),
         ),
     )
     versions = sa.table(
@@ -144,6 +144,9 @@ def insert_foreign_run(engine: sa.Engine, run_id: str = "pikku-run-1") -> Foreig
             conn.execute(
                 sa.insert(history).values(
                     history_id=f"{step_id}-1",
+                    # Not one of Pikku's columns: the attempt's run, which a writer of
+                    # pikku-celery's tables gives since revision 0013 (data contract).
+                    workflow_run_id=run_id,
                     workflow_step_id=step_id,
                     status=status,
                     result=None if result is None else j(result),

@@ -58,6 +58,7 @@ def add_runs(
             attempts.append(
                 {
                     "history_id": str(uuid.uuid4()),
+                    "workflow_run_id": run_id,
                     "workflow_step_id": step_id,
                     "status": outcome,
                     "attempt": attempt,

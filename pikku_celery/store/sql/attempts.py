@@ -7,7 +7,7 @@ forward, and the step row only follows its newest attempt.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any, Final
 
@@ -24,6 +24,7 @@ from pikku_celery.store.sql.runs import STEP_COLUMNS
 from pikku_celery.store.sql.spelling import Parameter, Upsert
 
 __all__ = [
+    "ATTEMPT_KEY",
     "TIMESTAMP_COLUMN",
     "Source",
     "add_next_attempt",
@@ -31,6 +32,8 @@ __all__ = [
     "attempt_upsert",
     "attempt_values",
     "complete_run_if_done",
+    "completion",
+    "inline_text",
     "insert_attempt",
     "insert_run_once",
     "last_result",
@@ -40,6 +43,7 @@ __all__ = [
     "record_attempt_step",
     "retry_attempt_pg",
     "retry_attempt_sqlite",
+    "run_of_step",
     "schedule_attempt",
     "schedule_step",
     "schedule_step_pg",
@@ -66,13 +70,38 @@ TIMESTAMP_COLUMN: Final[dict[str, str | None]] = {
 
 def ranked_below(column: sa.ColumnElement[Any], status: str) -> sa.ColumnElement[bool]:
     """The column's status ranks below ``status`` (``STATUS_RANK``), spelled as the statuses
-    it rules out: short SQL (a batch statement holds it many times), nothing to evaluate."""
+    it rules out: short SQL (a batch statement holds it many times), nothing to evaluate.
+
+    The statuses are written into the SQL, not bound: Citus cannot type a bound parameter
+    inside ``ON CONFLICT DO UPDATE`` of an ``INSERT ... SELECT``."""
     at_or_above = [name for name, order in STATUS_RANK.items() if order >= STATUS_RANK[status]]
-    return sa.and_(*(column != name for name in at_or_above))
+    return sa.and_(*(column != inline_text(name) for name in at_or_above))
+
+
+# The constants these statements compare with, written into their SQL text.
+_INLINE: Final[Mapping[str, sa.ColumnElement[Any]]] = {
+    "pending": sa.literal_column("'pending'", sa.Text),
+    "scheduled": sa.literal_column("'scheduled'", sa.Text),
+    "lost": sa.literal_column("'lost'", sa.Text),
+    "running": sa.literal_column("'running'", sa.Text),
+    "succeeded": sa.literal_column("'succeeded'", sa.Text),
+    "failed": sa.literal_column("'failed'", sa.Text),
+    "cancelled": sa.literal_column("'cancelled'", sa.Text),
+    "true": sa.literal_column("'true'", sa.Text),
+}
+_ZERO: Final = sa.literal_column("0", sa.Integer)
+
+
+def inline_text(value: str) -> sa.ColumnElement[Any]:
+    """A status (or ``'true'``) written into the statement's text, not bound."""
+    return _INLINE[value]
 
 
 insert_attempt: Final = sa.insert(history)
 _TERMINAL: Final = ("succeeded", "failed", "cancelled")
+
+#: The unique key of an attempt row: its run first (revision 0013).
+ATTEMPT_KEY: Final = ["workflow_run_id", "workflow_step_id", "attempt"]
 _EXECUTION_COLUMNS: Final = ("task_id", "worker", "pid", "eta")
 _WHERE_IT_RAN: Final = ("worker", "pid")
 
@@ -100,7 +129,11 @@ _parent = steps.alias("parent")
 # its run (``add#2``), read when the follower is written.
 _parent_name = (
     sa.select(_parent.c.step_name)
-    .where(_parent.c.workflow_step_id == P("parent_step_id", type_=sa.Text()))
+    .where(
+        # A step follows a step of its own run (the publishing task's).
+        _parent.c.workflow_run_id == P("run_id", type_=sa.Text()),
+        _parent.c.workflow_step_id == P("parent_step_id", type_=sa.Text()),
+    )
     .scalar_subquery()
 )
 
@@ -164,6 +197,7 @@ def schedule_step_pg(with_run: bool) -> sa.Select[Any]:
     step = schedule_step(postgresql.insert, _cast).cte("step")
     attempt_values: dict[str, Any] = {
         "history_id": _typed("history_id", history.c.history_id),
+        "workflow_run_id": _typed("run_id", history.c.workflow_run_id),
         "workflow_step_id": step.c.workflow_step_id,
         "attempt": sa.literal(1, sa.Integer),
         "status": sa.literal("scheduled", sa.Text),
@@ -199,6 +233,7 @@ def schedule_step_pg(with_run: bool) -> sa.Select[Any]:
 def schedule_attempt(insert: Upsert) -> Insert:
     values = insert(history).values(
         history_id=P("history_id"),
+        workflow_run_id=P("run_id"),
         workflow_step_id=P("step_id"),
         attempt=1,
         status="scheduled",
@@ -208,9 +243,7 @@ def schedule_attempt(insert: Upsert) -> Insert:
         task_id=P("task_id"),
         reason="first",
     )
-    statement: Insert = values.on_conflict_do_nothing(
-        index_elements=["workflow_step_id", "attempt"]
-    )
+    statement: Insert = values.on_conflict_do_nothing(index_elements=ATTEMPT_KEY)
     return statement
 
 
@@ -296,12 +329,19 @@ def step_policy(status: str, v: Source = _bound) -> sa.ColumnElement[bool]:
     return sa.and_(carried, reached)
 
 
+def _run(keyed: bool) -> Any:
+    """The run a statement addresses: the caller's (``keyed``), or looked up by step id."""
+    return P("run_id", type_=sa.Text()) if keyed else run_of_step
+
+
 @cache
-def record_attempt_step(status: str) -> Update:
-    """The step row's half of a transition (see ``_step_moves``)."""
+def record_attempt_step(status: str, keyed: bool) -> Update:
+    """The step row's half of a transition (see ``_step_moves``). ``keyed``: the caller
+    names the step's run (``run_id``); else it is looked up by the step's id."""
     return (
         sa.update(steps)
         .where(
+            steps.c.workflow_run_id == _run(keyed),
             steps.c.workflow_step_id == P("step_id"),
             sa.or_(step_moves(status), step_policy(status)),
         )
@@ -311,11 +351,23 @@ def record_attempt_step(status: str) -> Update:
 
 _STAMPS: Final = ("scheduled_at", "running_at")
 
+_by_id = steps.alias("by_id")
+# The run of the step an event names: the event's own when it knows it (the mirror's
+# batches), else looked up by the step's id (a direct caller that names only the step).
+run_of_step: Final = sa.func.coalesce(
+    P("run_id", type_=sa.Text()),
+    sa.select(_by_id.c.workflow_run_id)
+    .where(_by_id.c.workflow_step_id == P("step_id", type_=sa.Text()))
+    .limit(1)
+    .scalar_subquery(),
+)
 
-def attempt_values(status: str, v: Source = _bound) -> dict[str, Any]:
+
+def attempt_values(status: str, v: Source = _bound, *, keyed: bool = False) -> dict[str, Any]:
     stamp = TIMESTAMP_COLUMN[status]
     values: dict[str, Any] = {
         "history_id": v("history_id"),
+        "workflow_run_id": v("run_id") if v is not _bound else _run(keyed),
         "workflow_step_id": v("step_id"),
         "attempt": v("attempt_no"),
         "status": sa.literal(status, sa.Text) if v is not _bound else status,
@@ -363,7 +415,7 @@ def attempt_upsert(insert: Any, status: str) -> Insert:
     # the row describes its last delivery, so what the attempt took is the execution that
     # ends it, not the killed one before it too; ``delivery_count`` tells it was redelivered.
     redelivered = sa.and_(
-        excluded.delivery_count > 0,
+        excluded.delivery_count > _ZERO,
         excluded.running_at > history.c.running_at,
         history.c.succeeded_at.is_(None),
         history.c.failed_at.is_(None),
@@ -398,14 +450,12 @@ def attempt_upsert(insert: Any, status: str) -> Insert:
             if column in _WHERE_IT_RAN
             else latest
         )
-    statement: Insert = insert.on_conflict_do_update(
-        index_elements=["workflow_step_id", "attempt"], set_=updates
-    )
+    statement: Insert = insert.on_conflict_do_update(index_elements=ATTEMPT_KEY, set_=updates)
     return statement
 
 
 @cache
-def record_attempt(insert: Upsert, status: str) -> Insert:
+def record_attempt(insert: Upsert, status: str, keyed: bool) -> Insert:
     """Upsert attempt K's row (after :func:`record_attempt_step`, in one transaction).
 
     One statement records one event, or several events of the same attempt
@@ -413,14 +463,15 @@ def record_attempt(insert: Upsert, status: str) -> Insert:
     each keep the time of their own event; ``deliveries`` is how many starts
     it counts).
     """
-    return attempt_upsert(insert(history).values(**attempt_values(status)), status)
+    values = attempt_values(status, keyed=keyed)
+    return attempt_upsert(insert(history).values(**values), status)
 
 
 @cache
-def record_attempt_pg(status: str) -> Insert:
+def record_attempt_pg(status: str, keyed: bool) -> Insert:
     """:func:`record_attempt` with the step row's update riding along: one round trip."""
-    statement = record_attempt(postgresql.insert, status)
-    return statement.add_cte(record_attempt_step(status).cte("step"))
+    statement = record_attempt(postgresql.insert, status, keyed)
+    return statement.add_cte(record_attempt_step(status, keyed).cte("step"))
 
 
 # --- run outcome ----------------------------------------------------------------
@@ -435,52 +486,60 @@ touch_run: Final = (
     sa.update(runs).where(runs.c.workflow_run_id == P("run_id")).values(updated_at=P("now"))
 )
 
-_child = steps.alias("child")
-_leaf = steps.alias("leaf")
 
-_own = steps.alias("own")
-# A lone task's run is named after its task: its output is that task's result, as
-# Celery's own result of that id is (a task that spawned others, or replaced itself).
-_is_lone_task = sa.exists().where(_own.c.workflow_step_id == runs.c.workflow_run_id)
-_own_result = (
-    sa.select(_own.c.result)
-    .where(_own.c.workflow_step_id == runs.c.workflow_run_id)
-    .scalar_subquery()
-)
+def completion() -> tuple[Any, Any]:
+    """The completion check of a run row and its output, reading only that run's rows.
 
-# Otherwise the run's output is the result of its last step: the newest step that no
-# other step follows (a chain's last link, a chord's body, a group's last member).
-_leaf_result = (
-    sa.select(_leaf.c.result)
-    .where(
-        _leaf.c.workflow_run_id == runs.c.workflow_run_id,
+    ``(all_steps_succeeded, last_result)``: every step of the run has succeeded and no
+    chord of it waits for its body (whether a chord's body is written, which may be in
+    another run, is a flag on the chord's row, set when the body's step is written); the
+    run's output is a lone task's own result (its run is named after its task, as
+    Celery's result of that id is), else the result of its last step: the newest step
+    that no other step follows (a chain's last link, a chord's body, a group's last
+    member).
+    """
+    own, leaf, child = steps.alias("own"), steps.alias("leaf"), steps.alias("child")
+    is_lone_task = sa.exists().where(
+        own.c.workflow_run_id == runs.c.workflow_run_id,
+        own.c.workflow_step_id == runs.c.workflow_run_id,
+    )
+    own_result = (
+        sa.select(own.c.result)
+        .where(
+            own.c.workflow_run_id == runs.c.workflow_run_id,
+            own.c.workflow_step_id == runs.c.workflow_run_id,
+        )
+        .scalar_subquery()
+    )
+    leaf_result = (
+        sa.select(leaf.c.result)
+        .where(
+            leaf.c.workflow_run_id == runs.c.workflow_run_id,
+            ~sa.exists().where(
+                child.c.workflow_run_id == leaf.c.workflow_run_id,
+                child.c.from_step_name == leaf.c.step_name,
+            ),
+        )
+        .order_by(leaf.c.created_at.desc(), leaf.c.workflow_step_id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    done = sa.and_(
         ~sa.exists().where(
-            _child.c.workflow_run_id == _leaf.c.workflow_run_id,
-            _child.c.from_step_name == _leaf.c.step_name,
+            steps.c.workflow_run_id == runs.c.workflow_run_id,
+            steps.c.status != inline_text("succeeded"),
+        ),
+        ~sa.exists().where(
+            chords.c.workflow_run_id == runs.c.workflow_run_id,
+            # Text on both databases: ``'true'`` is how each spells the flag as text.
+            sa.cast(chords.c.body_written, sa.Text) != inline_text("true"),
         ),
     )
-    .order_by(_leaf.c.created_at.desc(), _leaf.c.workflow_step_id.desc())
-    .limit(1)
-    .scalar_subquery()
-)
-_last_result = sa.case((_is_lone_task, _own_result), else_=_leaf_result)
+    return done, sa.case((is_lone_task, own_result), else_=leaf_result)
 
-last_result: Final = _last_result
 
-_body = steps.alias("body")
-
-#: Every step of the run has succeeded, and no chord of it waits for its body
-#: (checked in SQL, as the statement runs).
-all_steps_succeeded: Final = sa.and_(
-    ~sa.exists().where(
-        steps.c.workflow_run_id == runs.c.workflow_run_id,
-        steps.c.status != "succeeded",
-    ),
-    ~sa.exists().where(
-        chords.c.workflow_run_id == runs.c.workflow_run_id,
-        ~sa.exists().where(_body.c.workflow_step_id == chords.c.body_id),
-    ),
-)
+all_steps_succeeded, last_result = completion()
+_last_result = last_result
 
 # Guarded in SQL: the run completes only while no step of it is unfinished. The
 # caller touches the run row first in the same transaction, so two last steps
@@ -504,7 +563,7 @@ settle_run: Final = (
 def _retry_step_update(status: str) -> Update:
     return (
         sa.update(steps)
-        .where(steps.c.workflow_step_id == P("step_id"))
+        .where(steps.c.workflow_run_id == run_of_step, steps.c.workflow_step_id == P("step_id"))
         .values(
             status=status,
             result=None,
@@ -521,6 +580,7 @@ def retry_attempt_pg(status: str) -> sa.Select[Any]:
     step = _retry_step_update(status).returning(*STEP_COLUMNS).cte("step")
     values: dict[str, Any] = {
         "history_id": _typed("history_id", history.c.history_id),
+        "workflow_run_id": step.c.workflow_run_id,
         "workflow_step_id": step.c.workflow_step_id,
         "attempt": step.c.current_attempt,
         "status": sa.literal(status, sa.Text),
@@ -542,6 +602,7 @@ def add_next_attempt(status: str) -> Insert:
     in the same transaction); nothing for a step that does not exist."""
     values: dict[str, Any] = {
         "history_id": P("history_id", type_=history.c.history_id.type),
+        "workflow_run_id": steps.c.workflow_run_id,
         "workflow_step_id": steps.c.workflow_step_id,
         "attempt": sa.func.coalesce(steps.c.current_attempt, 1) + 1,
         "status": sa.literal(status, sa.Text),
@@ -551,7 +612,9 @@ def add_next_attempt(status: str) -> Insert:
     stamp = TIMESTAMP_COLUMN[status]
     if stamp is not None:
         values[stamp] = P("now", type_=history.c.created_at.type)
-    select = sa.select(*values.values()).where(steps.c.workflow_step_id == P("step_id"))
+    select = sa.select(*values.values()).where(
+        steps.c.workflow_run_id == run_of_step, steps.c.workflow_step_id == P("step_id")
+    )
     return sa.insert(history).from_select(list(values), select)
 
 

@@ -3,6 +3,18 @@
 The transitions and new steps themselves reuse ``sql.attempts``: each is
 sent once per batch with many parameter sets (psycopg runs those in pipeline
 mode, one round trip), so a batch and a lone event obey the same guards.
+
+Every statement on a run-keyed table names the runs it touches (a distributed
+database routes it to their shards), but for the fan-out statements, which look
+rows up by another id because nothing in the batch knows their run:
+
+- ``known_steps`` / ``known_steps_pg``: the batch's one read of its steps, by step id.
+  An event from a worker's main process (an attempt's end it saw, a lost worker)
+  does not know its run; this read tells it, and every later statement names it.
+- ``runs_held_by_bodies`` / ``mark_bodies_written``, ``runs_held_by_unsent_bodies``
+  and the check in ``open_chord``: by a chord's body id, for chords applied outside
+  any run (each header task a run of its own, the body in whichever ran last).
+- ``prune_deliveries``: expiry, by age.
 """
 
 from __future__ import annotations
@@ -21,16 +33,16 @@ from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
 from pikku_celery.store.sql.attempts import (
     Source,
-    all_steps_succeeded,
     attempt_upsert,
     attempt_values,
-    last_result,
+    completion,
+    inline_text,
     step_moves,
     step_policy,
     step_values,
     still_going,
 )
-from pikku_celery.store.sql.spelling import Upsert
+from pikku_celery.store.sql.spelling import Parameter, Upsert
 
 __all__ = [
     "complete_runs_pg",
@@ -42,10 +54,10 @@ __all__ = [
     "known_steps",
     "known_steps_pg",
     "lock_runs_pg",
+    "mark_bodies_written",
     "open_chord",
     "prune_deliveries",
     "record_attempts_pg",
-    "runs_held_by_bodies",
     "runs_held_by_unsent_bodies",
     "schedule_lone_steps_pg",
     "settle_runs_pg",
@@ -72,7 +84,8 @@ known_steps: Final = (
 #: Which of a batch's new steps are there after their inserts: a step whose name
 #: another writer took at the same moment was not written, and waits for the next batch.
 steps_present: Final = sa.select(steps.c.workflow_step_id).where(
-    steps.c.workflow_step_id.in_(P("step_ids", expanding=True))
+    steps.c.workflow_run_id.in_(P("run_ids", expanding=True)),
+    steps.c.workflow_step_id.in_(P("step_ids", expanding=True)),
 )
 
 known_runs: Final = sa.select(runs.c.workflow_run_id).where(
@@ -84,7 +97,7 @@ def count_deliveries(insert: Upsert) -> Insert:
     """Record delivery events by id; RETURNING gives the ones not counted before."""
     statement: Insert = (
         insert(deliveries)
-        .on_conflict_do_nothing(index_elements=["event_id"])
+        .on_conflict_do_nothing(index_elements=["workflow_run_id", "event_id"])
         .returning(deliveries.c.event_id)
     )
     return statement
@@ -94,30 +107,54 @@ prune_deliveries: Final = sa.delete(deliveries).where(deliveries.c.created_at < 
 
 #: Deliveries a batch counted of steps it could not write, taken back in its transaction.
 uncount_deliveries: Final = sa.delete(deliveries).where(
-    deliveries.c.event_id.in_(P("event_ids", expanding=True))
+    deliveries.c.workflow_run_id.in_(P("run_ids", expanding=True)),
+    deliveries.c.event_id.in_(P("event_ids", expanding=True)),
 )
 
-#: The runs held open by chords whose bodies are among these new steps: such a run may
-#: be another header task's (a chord applied outside any run makes a run per header task,
-#: and its body goes into the run of whichever ran last), which nothing else looks at again.
-runs_held_by_bodies: Final = sa.select(chords.c.workflow_run_id).where(
-    chords.c.body_id.in_(P("body_ids", expanding=True))
+#: The chords whose bodies are among these new steps are no longer waiting; returns the
+#: runs they hold open (fan-out, by body id: such a run may be another header task's, as
+#: a chord applied outside any run makes a run per header task, and its body goes into the
+#: run of whichever ran last), which nothing else looks at again.
+mark_bodies_written: Final = (
+    sa.update(chords)
+    .where(chords.c.body_id.in_(P("body_ids", expanding=True)))
+    .values(body_written=True)
+    .returning(chords.c.workflow_run_id)
 )
 
 #: The runs held open by these chords whose bodies are not written: a header task of
 #: each failed for good, so Celery will never send the body they wait for.
 runs_held_by_unsent_bodies: Final = sa.select(chords.c.body_id, chords.c.workflow_run_id).where(
     chords.c.body_id.in_(P("body_ids", expanding=True)),
-    ~sa.exists().where(steps.c.workflow_step_id == chords.c.body_id),
+    sa.cast(chords.c.body_written, sa.Text) != inline_text("true"),
 )
 
+_held = chords.alias("held")
+_body = steps.alias("body")
 
-def open_chord(insert: Upsert) -> Insert:
-    """A chord of the run waits for its body; the header's other tasks name it again."""
+
+def open_chord(insert: Upsert, typed: Parameter) -> Insert:
+    """A chord of the run waits for its body; the header's other tasks name it again.
+
+    One run holds a chord: a header task of another run (a chord applied outside any
+    run) finds it held and holds nothing. Its body may be written already (a late
+    publish): then the row says so, and holds nothing either.
+    """
+    body_id = typed("body_id", sa.Text())
+    written = sa.exists().where(_body.c.workflow_step_id == body_id)
+    select = sa.select(
+        body_id,
+        typed("run_id", sa.Text()),
+        typed("now", chords.c.created_at.type),
+        sa.case(
+            (written, sa.literal(True, chords.c.body_written.type)),
+            else_=sa.literal(False, chords.c.body_written.type),
+        ),
+    ).where(~sa.exists().where(_held.c.body_id == body_id))
     statement: Insert = (
         insert(chords)
-        .values(body_id=P("body_id"), workflow_run_id=P("run_id"), created_at=P("now"))
-        .on_conflict_do_nothing(index_elements=["body_id"])
+        .from_select(["body_id", "workflow_run_id", "created_at", "body_written"], select)
+        .on_conflict_do_nothing(index_elements=["workflow_run_id", "body_id"])
     )
     return statement
 
@@ -132,6 +169,7 @@ _TS = sa.DateTime(timezone=True)
 _TEXTS = postgresql.ARRAY(sa.Text())
 
 _TRANSITION_ROWS: Final = (
+    ("run_id", sa.Text()),
     ("step_id", sa.Text()),
     ("attempt_no", sa.Integer()),
     ("history_id", sa.Text()),
@@ -198,7 +236,15 @@ def record_attempts_pg(status: str) -> Insert:
             sa.select(
                 *(
                     events.c[name]
-                    for name in ("step_id", "attempt_no", "now", "result", "error", "retries")
+                    for name in (
+                        "run_id",
+                        "step_id",
+                        "attempt_no",
+                        "now",
+                        "result",
+                        "error",
+                        "retries",
+                    )
                 ),
                 events.c.retry_delay,
             ),
@@ -211,9 +257,12 @@ def record_attempts_pg(status: str) -> Insert:
     step_update = (
         sa.update(steps)
         .where(
-            # The ids again as an array: the planner finds the rows by index
-            # instead of scanning the table to join them with the set.
+            # The keys again as arrays: the planner finds the rows by index instead
+            # of scanning the table to join them with the set (and a distributed
+            # database, the shards of the runs named).
+            steps.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
             steps.c.workflow_step_id == sa.any_(P("step_ids", type_=_TEXTS)),
+            steps.c.workflow_run_id == newest.c.run_id,
             steps.c.workflow_step_id == newest.c.step_id,
             sa.or_(step_moves(status, step_rows), step_policy(status, step_rows)),
         )
@@ -320,6 +369,7 @@ def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
     attempt = sa.insert(history).from_select(
         [
             "history_id",
+            "workflow_run_id",
             "workflow_step_id",
             "attempt",
             "status",
@@ -331,6 +381,7 @@ def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
         ],
         sa.select(
             lone.c.history_id,
+            step.c.workflow_step_id,  # a lone task's run is named after its step
             step.c.workflow_step_id,
             sa.literal(1, sa.Integer()),
             sa.literal("scheduled", text),
@@ -343,8 +394,18 @@ def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
     )
     # The steps written, and those there before it: its snapshot is the statement's, so a
     # step another batch wrote meanwhile is in neither, and the caller looks it up.
-    existing = sa.select(steps.c.workflow_step_id).join(
-        lone, lone.c.step_id == steps.c.workflow_step_id
+    existing = (
+        sa.select(steps.c.workflow_step_id)
+        .join(
+            lone,
+            sa.and_(
+                steps.c.workflow_run_id == lone.c.step_id,
+                steps.c.workflow_step_id == lone.c.step_id,
+            ),
+        )
+        # The runs again as an array (a lone task's run is its step's id): a planner
+        # reads only where they are.
+        .where(steps.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)))
     )
     query = sa.union_all(sa.select(step.c.workflow_step_id), existing)
     query = query.add_cte(run.on_conflict_do_nothing(index_elements=["workflow_run_id"]).cte("run"))
@@ -365,15 +426,21 @@ lock_runs_pg: Final = (
     .with_for_update(key_share=True)
 )
 
+
+# The runs' steps and chords are read by the run row's id alone: naming the runs' array
+# in each subquery too lets a planner prune them, but costs a probe per run named in every
+# one (a batch of lone tasks ends a hundred runs), a third of a batch's time.
+_done, _output = completion()
+
 complete_runs_pg: Final = (
     sa.update(runs)
     .where(
         runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
         runs.c.workflow_run_id == (completing := _rows("completing", _RUN_ROWS)).c.run_id,
         still_going,
-        all_steps_succeeded,
+        _done,
     )
-    .values(status="completed", output=last_result, error=None, updated_at=completing.c.now)
+    .values(status="completed", output=_output, error=None, updated_at=completing.c.now)
 )
 
 settle_runs_pg: Final = (
@@ -404,7 +471,8 @@ known_steps_pg: Final = (
 )
 
 steps_present_pg: Final = sa.select(steps.c.workflow_step_id).where(
-    steps.c.workflow_step_id == _any_step
+    steps.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
+    steps.c.workflow_step_id == _any_step,
 )
 
 known_runs_pg: Final = sa.select(runs.c.workflow_run_id).where(
@@ -414,10 +482,21 @@ known_runs_pg: Final = sa.select(runs.c.workflow_run_id).where(
 count_deliveries_pg: Final = (
     postgresql.insert(deliveries)
     .from_select(
-        ["event_id", "created_at"],
-        sa.select(*(counted := _rows("counted", (("event_id", sa.Text()), ("created_at", _TS)))).c),
+        ["workflow_run_id", "event_id", "created_at"],
+        sa.select(
+            *(
+                counted := _rows(
+                    "counted",
+                    (
+                        ("workflow_run_id", sa.Text()),
+                        ("event_id", sa.Text()),
+                        ("created_at", _TS),
+                    ),
+                )
+            ).c
+        ),
     )
-    .on_conflict_do_nothing(index_elements=["event_id"])
+    .on_conflict_do_nothing(index_elements=["workflow_run_id", "event_id"])
     .returning(deliveries.c.event_id)
 )
 
@@ -427,6 +506,7 @@ count_deliveries_pg: Final = (
 hand_over_attempt: Final = (
     sa.update(history)
     .where(
+        history.c.workflow_run_id == P("run_id"),
         history.c.workflow_step_id == P("step_id"),
         history.c.attempt == P("attempt_no"),
         history.c.replaced_by.is_(None),

@@ -50,23 +50,17 @@ FAN_OUT: Final[dict[str, str]] = {
 #: Not keyed yet: each touches more partitions than its keys today, with why. The
 #: routing test fails when one of these routes (take it off) so this only shrinks.
 _STEP_BY_ID = "finds a step by its id alone; steps are split by run"
-_BATCH_BY_STEP = "matches a batch's rows to steps by step id alone; steps are split by run"
 _LOCKS_ACROSS = "locks rows (FOR UPDATE) of many runs at once, across shards"
 _PARTS_JOIN = "joins a chord's parts (split by group) to results (split by task id)"
 
 NOT_YET_KEYED: Final[dict[str, str]] = {
-    "attempts.record_attempt_pg": _STEP_BY_ID,
-    "batches.complete_runs_pg": _BATCH_BY_STEP + ", and reads a chord body's run",
+    "batches.complete_runs_pg": "reads each run's steps and chords in subqueries tied to the "
+    "run row, which a planner does not prune by the runs named (naming them in each costs a "
+    "probe per run named)",
     "batches.lock_runs_pg": _LOCKS_ACROSS,
-    "batches.record_attempts_pg": _BATCH_BY_STEP,
-    "batches.schedule_lone_steps_pg": _BATCH_BY_STEP,
     "claims.get_step": _STEP_BY_ID,
     "prune.lock_batch": _LOCKS_ACROSS,
     "results.chord_parts_waiting": _PARTS_JOIN,
     "results.chords_of_parts": "finds chords by a part's task id; parts are split by group",
     "results.settled_chords": _PARTS_JOIN,
-    "runs.run_history": "attempts carry no run id: a run's attempts are on every shard",
-    "workflows.hold_open_step": _STEP_BY_ID,
-    "workflows.set_child_run": _STEP_BY_ID,
-    "workflows.take_event": "takes an event by its id alone; run events are split by run",
 }

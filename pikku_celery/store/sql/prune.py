@@ -31,6 +31,12 @@ __all__ = [
 
 P = sa.bindparam
 
+# An attempt's step: through its run too, the key the two tables share.
+_same_step = sa.and_(
+    history.c.workflow_run_id == steps.c.workflow_run_id,
+    history.c.workflow_step_id == steps.c.workflow_step_id,
+)
+
 
 def status_params(statuses: list[str]) -> dict[str, str]:
     """The bind parameters ``oldest_prunable(len(statuses))`` names, one per status."""
@@ -80,7 +86,7 @@ count_batch_children: Final = sa.select(
     .scalar_subquery()
     .label("steps"),
     sa.select(sa.func.count())
-    .select_from(history.join(steps, history.c.workflow_step_id == steps.c.workflow_step_id))
+    .select_from(history.join(steps, _same_step))
     .where(steps.c.workflow_run_id.in_(P("ids", expanding=True)))
     .scalar_subquery()
     .label("attempts"),
@@ -107,7 +113,7 @@ count_prunable: Final = sa.select(
     .label("steps"),
     sa.select(sa.func.count())
     .select_from(
-        history.join(steps, history.c.workflow_step_id == steps.c.workflow_step_id).join(
+        history.join(steps, _same_step).join(
             runs, steps.c.workflow_run_id == runs.c.workflow_run_id
         )
     )

@@ -15,6 +15,7 @@ from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
 from pikku_celery.schema import workflow_step_history as history
 from pikku_celery.store.models import WAIT_RPC
+from pikku_celery.store.sql.attempts import run_of_step
 
 __all__ = [
     "give_up_attempt",
@@ -33,6 +34,7 @@ __all__ = [
 P = sa.bindparam
 
 _current = sa.and_(
+    history.c.workflow_run_id == steps.c.workflow_run_id,
     history.c.workflow_step_id == steps.c.workflow_step_id,
     history.c.attempt == sa.func.coalesce(steps.c.current_attempt, 1),
 )
@@ -110,6 +112,7 @@ stale_scheduled: Final = (
 lose_attempt: Final = (
     sa.update(history)
     .where(
+        history.c.workflow_run_id == run_of_step,
         history.c.workflow_step_id == P("step_id"),
         history.c.attempt == P("attempt_no"),
         history.c.status == "running",
@@ -122,6 +125,7 @@ lose_attempt: Final = (
 lose_step: Final = (
     sa.update(steps)
     .where(
+        steps.c.workflow_run_id == run_of_step,
         steps.c.workflow_step_id == P("step_id"),
         sa.func.coalesce(steps.c.current_attempt, 1) == P("attempt_no"),
         steps.c.status == "running",
@@ -135,6 +139,7 @@ lose_step: Final = (
 give_up_attempt: Final = (
     sa.update(history)
     .where(
+        history.c.workflow_run_id == run_of_step,
         history.c.workflow_step_id == P("step_id"),
         history.c.attempt == P("attempt_no"),
         history.c.status == "lost",
@@ -147,6 +152,7 @@ give_up_attempt: Final = (
 give_up_step: Final = (
     sa.update(steps)
     .where(
+        steps.c.workflow_run_id == run_of_step,
         steps.c.workflow_step_id == P("step_id"),
         sa.func.coalesce(steps.c.current_attempt, 1) == P("attempt_no"),
         steps.c.status == "lost",
@@ -176,6 +182,7 @@ unsent_claims: Final = (
 retake_unsent: Final = (
     sa.update(history)
     .where(
+        history.c.workflow_run_id == run_of_step,
         history.c.workflow_step_id == P("step_id"),
         history.c.attempt == P("attempt_no"),
         history.c.status == "scheduled",
@@ -190,6 +197,7 @@ retake_unsent: Final = (
 retake_lost: Final = (
     sa.update(steps)
     .where(
+        steps.c.workflow_run_id == run_of_step,
         steps.c.workflow_step_id == P("step_id"),
         sa.func.coalesce(steps.c.current_attempt, 1) == P("attempt_no"),
         steps.c.status == "lost",

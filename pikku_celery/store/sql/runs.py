@@ -41,6 +41,12 @@ __all__ = [
 
 P = sa.bindparam
 
+# An attempt's step: through its run too, the key the two tables share.
+_same_step = sa.and_(
+    history.c.workflow_run_id == steps.c.workflow_run_id,
+    history.c.workflow_step_id == steps.c.workflow_step_id,
+)
+
 
 # --- runs -------------------------------------------------------------------
 
@@ -162,7 +168,7 @@ run_history: Final = (
         history.c.reason,
         history.c.replaced_by,
     )
-    .select_from(steps.join(history, history.c.workflow_step_id == steps.c.workflow_step_id))
+    .select_from(steps.join(history, _same_step))
     .where(steps.c.workflow_run_id == P("run_id"))
     # Steps in the order they were created, each step's attempts in number order.
     .order_by(steps.c.created_at, steps.c.workflow_step_id, history.c.attempt)

@@ -30,6 +30,12 @@ __all__ = [
 
 P = sa.bindparam
 
+# An attempt's step: through its run too, the key the two tables share.
+_same_step = sa.and_(
+    history.c.workflow_run_id == steps.c.workflow_run_id,
+    history.c.workflow_step_id == steps.c.workflow_step_id,
+)
+
 run_counts: Final = sa.select(runs.c.status, sa.func.count().label("n")).group_by(runs.c.status)
 
 # Per task rather than per step name, so "charge", "charge#2", ... of a canvas
@@ -38,7 +44,7 @@ _step_label = sa.func.coalesce(steps.c.rpc_name, steps.c.step_name).label("step"
 
 attempt_counts: Final = (
     sa.select(_step_label, history.c.status, sa.func.count().label("n"))
-    .select_from(history.join(steps, history.c.workflow_step_id == steps.c.workflow_step_id))
+    .select_from(history.join(steps, _same_step))
     .group_by(_step_label, history.c.status)
     .order_by(_step_label, history.c.status)
 )
@@ -89,7 +95,7 @@ open_step_counts: Final = (
         steps.outerjoin(
             history,
             sa.and_(
-                history.c.workflow_step_id == steps.c.workflow_step_id,
+                _same_step,
                 history.c.attempt == sa.func.coalesce(steps.c.current_attempt, 1),
             ),
         )

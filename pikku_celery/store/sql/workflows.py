@@ -10,6 +10,7 @@ from sqlalchemy.sql.dml import Insert
 from pikku_celery.schema import run_events as events
 from pikku_celery.schema import workflow_runs as runs
 from pikku_celery.schema import workflow_step as steps
+from pikku_celery.store.sql.attempts import run_of_step
 from pikku_celery.store.sql.spelling import Upsert
 
 __all__ = [
@@ -55,7 +56,11 @@ next_untaken_event: Final = (
 # A second wait that read the same event finds it taken (0 rows) and reads the next.
 take_event: Final = (
     sa.update(events)
-    .where(events.c.event_id == P("the_event"), events.c.taken_by_step_id.is_(None))
+    .where(
+        events.c.workflow_run_id == P("run_id"),
+        events.c.event_id == P("the_event"),
+        events.c.taken_by_step_id.is_(None),
+    )
     .values(taken_by_step_id=P("step_id"), taken_at=P("now"))
 )
 
@@ -70,6 +75,7 @@ list_events: Final = (
 hold_open_step: Final = (
     sa.update(steps)
     .where(
+        steps.c.workflow_run_id == run_of_step,
         steps.c.workflow_step_id == P("step_id"),
         steps.c.status == "scheduled",
         sa.func.coalesce(steps.c.current_attempt, 1) == P("attempt_no"),
@@ -78,17 +84,19 @@ hold_open_step: Final = (
 )
 
 set_step_data: Final = (
-    sa.update(steps).where(steps.c.workflow_step_id == P("step_id")).values(data=P("data"))
+    sa.update(steps)
+    .where(steps.c.workflow_run_id == run_of_step, steps.c.workflow_step_id == P("step_id"))
+    .values(data=P("data"))
 )
 
 set_child_run: Final = (
     sa.update(steps)
-    .where(steps.c.workflow_step_id == P("step_id"))
+    .where(steps.c.workflow_run_id == run_of_step, steps.c.workflow_step_id == P("step_id"))
     .values(child_run_id=P("child_run_id"))
 )
 
 set_branch_taken: Final = (
     sa.update(steps)
-    .where(steps.c.workflow_step_id == P("step_id"))
+    .where(steps.c.workflow_run_id == run_of_step, steps.c.workflow_step_id == P("step_id"))
     .values(branch_taken=P("branch"), updated_at=P("now"))
 )
