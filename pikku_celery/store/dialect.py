@@ -119,8 +119,10 @@ class PostgreSQL(Dialect):
     networked = True
     # jsonb refuses it.
     json_allows_nul = False
-    # The server's clock: one clock for every machine of the cluster.
-    clock = sa.extract("epoch", sa.func.clock_timestamp())
+    # The server's clock: one clock for every machine of the cluster. When the statement
+    # began, not the transaction: one instant however often a statement reads it (a
+    # lease's taken_at and expires_at agree), and never older than the statement.
+    clock = sa.extract("epoch", sa.func.statement_timestamp())
     notify_ready = sql.results.notify
     update_run_state = sql.runs.update_run_state_pg
     replica_lag = sql.replica.lag
