@@ -58,6 +58,9 @@ class Dialect(ABC):
     #: Tells the readers waiting for these results at COMMIT (``channel``, ``payload``);
     #: None where readers watch the database instead.
     notify_ready: ClassVar[sa.Executable | None]
+    #: Marks a chord's parts done and locks its row (``chord_id``, ``task_ids``), one
+    #: statement; None where the two are sent apart (``sql.results``).
+    mark_and_lock_chord: ClassVar[sa.Executable | None]
     #: Sets one key of a run's state, whatever characters it holds.
     update_run_state: ClassVar[sa.Update]
     #: Where a streaming replica's replay is (``sql.replica.lag``); None where a database
@@ -124,6 +127,7 @@ class PostgreSQL(Dialect):
     # lease's taken_at and expires_at agree), and never older than the statement.
     clock = sa.extract("epoch", sa.func.statement_timestamp())
     notify_ready = sql.results.notify
+    mark_and_lock_chord = sql.results.mark_and_lock_chord_pg
     update_run_state = sql.runs.update_run_state_pg
     replica_lag = sql.replica.lag
 
@@ -159,6 +163,7 @@ class SQLite(Dialect):
     # The caller's clock: the database is on one machine.
     clock = sa.bindparam("now", type_=sa.Float())
     notify_ready = None
+    mark_and_lock_chord = None
     update_run_state = sql.runs.update_run_state_sqlite
     replica_lag = None
 

@@ -87,11 +87,11 @@ class Results:
         ]
         ready = _ready(rows)
         # One transaction: the chords and the results that count them land together.
-        groups: set[str] = set()
+        marks: dict[str, set[str]] = {}
         if chords:
-            groups.update(self._apply_chords(c, chords))
+            marks.update(self._apply_chords(c, chords))
             if not rows:
-                return self._complete_chords(c, sorted(groups), chords[0].at)
+                return self._complete_chords(c, marks, chords[0].at)
         c.execute(self._db.sql.write_result, params)
         notify = self._db.sql.notify_ready
         if ready and notify is not None and self._wakeups is None:
@@ -101,11 +101,9 @@ class Results:
             # Each part of a chord these results complete is done from now on, whether its
             # chord is in SQL yet or not (a chord that lands later counts it as it lands).
             found = c.execute(sql.results.parts_waiting_for, {"task_ids": sorted(set(ready))})
-            done = [{"chord_id": g, "part_id": t} for g, t in found.all()]
-            if done:
-                c.execute(sql.results.mark_done, done)
-                groups.update(part["chord_id"] for part in done)
-        return self._complete_chords(c, sorted(groups), rows[0].at) if groups else []
+            for group_id, task_id in found.all():
+                marks.setdefault(group_id, set()).add(task_id)
+        return self._complete_chords(c, marks, rows[0].at) if marks else []
 
     def settle(self, group_ids: Iterable[str], task_ids: Iterable[str]) -> list[FiredChord]:
         """After the COMMIT of a transaction that wrote chords (``group_ids``: applied or
@@ -139,8 +137,7 @@ class Results:
             if not due:
                 return []
             with self._db.write(None) as c:
-                self._mark_due(c, due)
-                return self._complete_chords(c, sorted(due), now())
+                return self._complete_chords(c, due, now())
         except Exception as exc:
             # The database going away right after a COMMIT is an outage the rest of the
             # mirror already reports: one line, no traceback.
@@ -196,19 +193,28 @@ class Results:
             )
 
     def _complete_chords(
-        self, c: sa.Connection, groups: Sequence[str], at: dt.datetime
+        self, c: sa.Connection, marks: dict[str, set[str]], at: dt.datetime
     ) -> list[FiredChord]:
-        """Claim the firing of every one of these chords whose parts are now all done.
+        """Mark the parts ``marks`` names done, chord by chord, and claim the firing of every
+        one of these chords whose parts are now all done.
 
         The chords are locked one after another in ``group_id`` order, after every other
-        lock of the batch (its parts marked done among them), and counted after the lock:
-        of two batches that write a chord's last two parts at once, the second counts the
-        first's committed part and fires. Each count reads the chord's own rows of parts.
+        lock of the batch, each right after its parts are marked (one statement where the
+        dialect has it), and counted after the lock: of two batches that write a chord's
+        last two parts at once, the second counts the first's committed part and fires.
+        Each count reads the chord's own rows of parts.
         """
         fired: list[FiredChord] = []
-        for group_id in sorted(groups):
+        mark_and_lock = self._db.sql.mark_and_lock_chord
+        for group_id in sorted(marks):
             key = {"chord_id": group_id}
-            chord = c.execute(sql.results.lock_chord, key).first()
+            tasks = sorted(marks[group_id])
+            if tasks and mark_and_lock is not None:
+                chord = c.execute(mark_and_lock, {**key, "task_ids": tasks}).first()
+            else:
+                if tasks:
+                    c.execute(sql.results.mark_done_among, {**key, "task_ids": tasks})
+                chord = c.execute(sql.results.lock_chord, key).first()
             if chord is None or chord.fired_at is not None:
                 continue
             if c.execute(sql.results.chord_parts_waiting, key).scalar_one():
@@ -223,10 +229,10 @@ class Results:
         in a process with no journal; returns it if its parts are already done."""
         return self.write([], chords=[ChordWrite(group_id, tuple(parts), body, now())])
 
-    def _apply_chords(self, c: sa.Connection, chords: Sequence[ChordWrite]) -> list[str]:
-        """The chords and their parts; the parts whose results are in already (written
-        before the chord landed, by other processes' batches) marked done. Returns the
-        chords' group ids."""
+    def _apply_chords(self, c: sa.Connection, chords: Sequence[ChordWrite]) -> dict[str, set[str]]:
+        """The chords and their parts; returns, by chord, the parts to mark done: those whose
+        results are in already (written before the chord landed, by other processes'
+        batches)."""
         c.execute(
             self._db.sql.insert_chord,
             [
@@ -241,10 +247,8 @@ class Results:
         ]
         if parts:
             c.execute(self._db.sql.insert_chord_parts, parts)
-        groups = sorted({h.group_id for h in chords})
-        waiting, ready = self._waiting(c, groups)
-        self._mark_due(c, {group_id: tasks & ready for group_id, tasks in waiting.items()})
-        return groups
+        waiting, ready = self._waiting(c, sorted({h.group_id for h in chords}))
+        return {group_id: tasks & ready for group_id, tasks in waiting.items()}
 
     def add_to_chords(
         self, added: Sequence[tuple[str, str]], *, conn: sa.Connection | None = None
@@ -286,8 +290,7 @@ class Results:
             if not open_:
                 return []
             due = self._due(c, open_)
-            self._mark_due(c, due)
-            return self._complete_chords(c, sorted(due), now()) if due else []
+            return self._complete_chords(c, due, now()) if due else []
 
     def unsent_chords(self, before: dt.datetime, *, limit: int = 100) -> list[FiredChord]:
         """Chords fired before ``before`` whose bodies were never said to be sent (the

@@ -33,7 +33,7 @@ __all__ = [
     "insert_chord",
     "insert_chord_parts",
     "lock_chord",
-    "mark_done",
+    "mark_and_lock_chord_pg",
     "mark_done_among",
     "mark_sent",
     "notify",
@@ -187,7 +187,7 @@ def insert_chord(insert: Upsert) -> Insert:
 
 def insert_chord_parts(insert: Upsert) -> Insert:
     """A chord's parts, not done: the transaction marks those whose results are in
-    (``mark_done``) once it has read them, a part whose result came first included."""
+    (``mark_done_among``) once it has read them, a part whose result came first included."""
     statement: Insert = (
         insert(parts)
         .values(group_id=P("group_id"), task_id=P("task_id"), position=P("position"))
@@ -249,18 +249,18 @@ ready_results: Final = sa.select(results.c.task_id).where(
     results.c.task_id.in_(P("task_ids", expanding=True)), results.c.status.in_(READY_STATES)
 )
 
-#: A part's result is ready: it counts from now on, once, whatever its deliveries. Named
-#: by its full key; sent as one executemany.
-mark_done: Final = (
+
+#: A part's result is ready (one of ``task_ids``): it counts from now on, once, whatever its
+#: deliveries. Named by the chord's key.
+mark_done_among: Final = (
     sa.update(parts)
     .where(
         parts.c.group_id == P("chord_id"),
-        parts.c.task_id == P("part_id"),
+        parts.c.task_id.in_(P("task_ids", expanding=True)),
         sa.not_(parts.c.done),
     )
-    .values(done=True)
+    .values(done=sa.true())
 )
-
 
 #: The chord's row, locked on PostgreSQL until COMMIT: the batches that write its last
 #: results count one after another. SQLite has one writer at a time anyway, and no FOR
@@ -269,6 +269,14 @@ lock_chord: Final = (
     sa.select(chords.c.size, chords.c.body, chords.c.fired_at)
     .where(chords.c.group_id == P("chord_id"))
     .with_for_update()
+)
+
+
+#: PostgreSQL only: ``mark_done_among`` and ``lock_chord`` in one statement, one round trip
+#: (the parts' rows and the chord's are on one key, the group id). SQLite has no UPDATE in
+#: a WITH, and one writer at a time: it sends the two.
+mark_and_lock_chord_pg: Final = lock_chord.add_cte(
+    mark_done_among.returning(parts.c.task_id).cte("marked")
 )
 
 
@@ -289,18 +297,6 @@ claim_firing: Final = (
 
 part_ids: Final = (
     sa.select(parts.c.task_id).where(parts.c.group_id == P("chord_id")).order_by(parts.c.position)
-)
-
-#: A part's result is ready (one of ``task_ids``, results of the transaction before): the
-#: chord's parts it names are done. The look after a COMMIT, on the chord's key.
-mark_done_among: Final = (
-    sa.update(parts)
-    .where(
-        parts.c.group_id == P("chord_id"),
-        parts.c.task_id.in_(P("task_ids", expanding=True)),
-        sa.not_(parts.c.done),
-    )
-    .values(done=True)
 )
 
 #: Of the chords not fired holding one of ``task_ids`` (ready results, committed), those
