@@ -500,6 +500,6 @@ celery_result_chord_parts = sa.Table(
         "idx_pikku_celery_result_chord_parts_waiting",
         "group_id",
         postgresql_where=sa.text("NOT done"),
-        sqlite_where=sa.text("NOT done"),
+        sqlite_where=sa.text("done = 0"),
     ),
 )

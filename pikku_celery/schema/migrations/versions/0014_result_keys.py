@@ -41,7 +41,7 @@ def upgrade() -> None:
         "pikku_celery_result_chord_parts",
         ["group_id"],
         postgresql_where=sa.text("NOT done"),
-        sqlite_where=sa.text("NOT done"),
+        sqlite_where=sa.text("done = 0"),
     )
 
 
