@@ -151,22 +151,24 @@ class Results:
             return []
 
     def _due(self, c: sa.Connection, groups: Sequence[str]) -> dict[str, set[str]]:
-        """Of these chords, those whose every part not marked done has a ready result now,
-        each with those parts (to mark). Fired or not: the claim (``_complete_chords``)
-        says."""
+        """Of these chords, those not fired whose every part not marked done has a ready
+        result now, each with those parts (to mark)."""
         waiting, ready = self._waiting(c, groups)
         return {group_id: tasks for group_id, tasks in waiting.items() if tasks <= ready}
 
     def _waiting(
         self, c: sa.Connection, groups: Sequence[str]
     ) -> tuple[dict[str, set[str]], set[str]]:
-        """The parts of these chords not marked done, by chord, and which of them have a
-        ready result: one read on the chords' own key, one of those results on theirs."""
-        waiting: dict[str, set[str]] = {group_id: set() for group_id in groups}
+        """Of these chords, those not fired (in SQL), each with its parts not marked done, and
+        which of those parts have a ready result: one read on the chords' own key, one of
+        those results on theirs."""
+        waiting: dict[str, set[str]] = {}
         rows = c.execute(sql.results.waiting_parts, {"group_ids": list(groups)}).all()
         for group_id, task_id in rows:
-            waiting[group_id].add(task_id)
-        ids = sorted({task_id for _, task_id in rows})
+            tasks = waiting.setdefault(group_id, set())
+            if task_id is not None:
+                tasks.add(task_id)
+        ids = sorted({task_id for _, task_id in rows if task_id is not None})
         if not ids:
             return waiting, set()
         return waiting, set(c.execute(sql.results.ready_results, {"task_ids": ids}).scalars())

@@ -237,11 +237,18 @@ parts_waiting_for: Final = (
     .order_by(parts.c.group_id, parts.c.task_id)
 )
 
-#: The parts these chords still wait for, each chord on its own key.
+#: Of these chords, those not fired, each with the parts it still waits for (none: one
+#: row, its task NULL). A chord and its parts share their key, the group id: the join
+#: stays on it.
 waiting_parts: Final = (
-    sa.select(parts.c.group_id, parts.c.task_id)
-    .where(parts.c.group_id.in_(P("group_ids", expanding=True)), sa.not_(parts.c.done))
-    .order_by(parts.c.group_id, parts.c.task_id)
+    sa.select(chords.c.group_id, parts.c.task_id)
+    .select_from(
+        chords.outerjoin(
+            parts, sa.and_(parts.c.group_id == chords.c.group_id, sa.not_(parts.c.done))
+        )
+    )
+    .where(chords.c.group_id.in_(P("group_ids", expanding=True)), chords.c.fired_at.is_(None))
+    .order_by(chords.c.group_id, parts.c.task_id)
 )
 
 #: Of these tasks, those with a ready result (each looked up by its own key).
