@@ -127,13 +127,10 @@ class Results:
             return []
         try:
             with self._db.read(None) as c:
-                due: dict[str, set[str]] = {}
                 if ids:
-                    settled = c.execute(sql.results.settled_chords, {"task_ids": ids})
-                    due.update((group_id, set(ids)) for group_id in settled.scalars().all())
-                if groups:
-                    for group_id, ready in self._due(c, groups).items():
-                        due.setdefault(group_id, set()).update(ready)
+                    found = c.execute(sql.results.unsettled_chords, {"task_ids": ids})
+                    groups = sorted({*groups, *found.scalars().all()})
+                due = self._due(c, groups) if groups else {}
             if not due:
                 return []
             with self._db.write(None) as c:

@@ -289,3 +289,20 @@ def test_an_added_part_and_its_chord_committed_at_once_fire_the_chord_once(
                 thread.join(30)
         assert [chord.group_id for chord in fired] == [group_id]
         assert fired[0].parts == (*parts, added)
+
+
+def test_the_look_after_a_commit_fires_no_chord_on_a_result_the_batch_held_back(
+    pg_engine: sa.Engine,
+) -> None:
+    # A batch names the ready results it was given, written or not (one whose step is not
+    # in SQL yet waits with it): the look after its COMMIT fires a chord only on results
+    # that are in SQL, then fires it once the held one is written.
+    truncate(pg_engine)
+    store = WorkflowStore(pg_engine)
+    group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(2)]
+    store.results.apply_chord(group_id, parts, b"body")
+    assert write(store, success(parts[0])) == []
+    assert store.results.settle([], [parts[1]]) == []
+    assert store.results.settle([group_id], [parts[1]]) == []
+    [fired] = write(store, success(parts[1]))
+    assert fired == FiredChord(group_id, b"body", tuple(parts))

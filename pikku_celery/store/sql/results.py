@@ -42,13 +42,16 @@ __all__ = [
     "parts_waiting_for",
     "ready_results",
     "save_group",
-    "settled_chords",
     "unsent_chords",
+    "unsettled_chords",
     "waiting_parts",
     "write_result",
 ]
 
 P = sa.bindparam
+
+# The parts of a chord a statement looks at beside the parts it selects.
+_others = parts.alias("others")
 
 #: Celery's ready states: once an attempt is in one, nothing of that attempt changes it.
 READY_STATES: Final = ("SUCCESS", "FAILURE", "REVOKED")
@@ -306,26 +309,29 @@ part_ids: Final = (
     sa.select(parts.c.task_id).where(parts.c.group_id == P("chord_id")).order_by(parts.c.position)
 )
 
-#: Of the chords not fired holding one of ``task_ids`` (ready results, committed), those
-#: that wait for nothing else: a part of them written at once with its result, each
-#: transaction blind to the other's row, is not marked yet, and counts as done here. The
-#: chord and its parts share a key (the group id): the subqueries stay on it.
-settled_chords: Final = (
-    sa.select(chords.c.group_id)
+#: The chords not fired holding a part of ``task_ids`` (results a transaction wrote, now
+#: committed) that may be done though no transaction claimed them: the part is not marked
+#: (it and its result landed at once, each transaction blind to the other's row), or the
+#: chord waits for nothing (it landed at once with the part's mark). Their parts are
+#: checked against the results before any is marked or fired. The chord and its parts
+#: share a key (the group id): the join and the subquery stay on it.
+unsettled_chords: Final = (
+    sa.select(parts.c.group_id)
+    .join(chords, chords.c.group_id == parts.c.group_id)
     .where(
+        parts.c.task_id.in_(P("task_ids", expanding=True)),
         chords.c.fired_at.is_(None),
-        chords.c.group_id.in_(
-            sa.select(parts.c.group_id).where(parts.c.task_id.in_(P("task_ids", expanding=True)))
-        ),
-        ~sa.exists(
-            sa.select(parts.c.task_id).where(
-                parts.c.group_id == chords.c.group_id,
-                sa.not_(parts.c.done),
-                parts.c.task_id.not_in(P("task_ids", expanding=True)),
-            )
+        sa.or_(
+            sa.not_(parts.c.done),
+            ~sa.exists(
+                sa.select(_others.c.task_id).where(
+                    _others.c.group_id == parts.c.group_id, sa.not_(_others.c.done)
+                )
+            ),
         ),
     )
-    .order_by(chords.c.group_id)
+    .distinct()
+    .order_by(parts.c.group_id)
 )
 
 #: Chords not fired, written before ``before``, in group id order from ``after`` on: what
