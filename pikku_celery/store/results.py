@@ -107,15 +107,17 @@ class Results:
 
     def settle(self, group_ids: Iterable[str], task_ids: Iterable[str]) -> list[FiredChord]:
         """After the COMMIT of a transaction that wrote chords (``group_ids``: applied or
-        added to) or ready results (``task_ids``): claim those chords, and the chords of
-        those results, whose parts are now all done and that no batch claimed.
+        added to) or ready results (``task_ids``): mark the parts of those chords, and of
+        the chords of those results, whose results are in and that no transaction marked,
+        and claim those chords whose parts are now all done and that no batch claimed.
 
         A chord and its last part's result are written by different processes' batches
         (the publisher's, a worker's); two that run at once are each blind to the other's
         rows, so neither marks that part done nor claims the chord in its own transaction.
         Each looking again after its COMMIT, in a fresh snapshot, the later of the two to
-        commit sees both, marks the part and claims the chord: a chord fires within the
-        flush lag whatever the order of the commits. With one writer at a time (SQLite),
+        commit sees both and marks the part (whether the chord is done or not: later parts'
+        batches count by the marks) and claims the chord when it is done: a chord fires
+        within the flush lag whatever the order of the commits. With one writer at a time (SQLite),
         each transaction saw what the other had committed.
 
         A failure here is logged and leaves the chord to the reaper's pass: the batch is
@@ -148,10 +150,18 @@ class Results:
             return []
 
     def _due(self, c: sa.Connection, groups: Sequence[str]) -> dict[str, set[str]]:
-        """Of these chords, those not fired whose every part not marked done has a ready
-        result now, each with those parts (to mark)."""
+        """Of these chords not fired, those with parts to mark (not marked, their results
+        ready now) or whose every waiting part is ready, each with the parts to mark.
+
+        A part is marked even when its chord still waits for others: the batch of a later
+        part counts by the marks, so one left unmarked would hold the chord until the
+        reaper's pass."""
         waiting, ready = self._waiting(c, groups)
-        return {group_id: tasks for group_id, tasks in waiting.items() if tasks <= ready}
+        return {
+            group_id: tasks & ready
+            for group_id, tasks in waiting.items()
+            if tasks & ready or tasks <= ready
+        }
 
     def _waiting(
         self, c: sa.Connection, groups: Sequence[str]

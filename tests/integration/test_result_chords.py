@@ -306,3 +306,29 @@ def test_the_look_after_a_commit_fires_no_chord_on_a_result_the_batch_held_back(
     assert store.results.settle([group_id], [parts[1]]) == []
     [fired] = write(store, success(parts[1]))
     assert fired == FiredChord(group_id, b"body", tuple(parts))
+
+
+def test_a_part_written_at_once_with_its_chord_counts_for_the_last_part(
+    pg_engine: sa.Engine,
+) -> None:
+    # A header task's result and its chord land at once, each transaction blind to the
+    # other's row; the chord is not done yet. The part still counts: the batch of the last
+    # part fires the chord itself, not the reaper's pass seconds later.
+    truncate(pg_engine)
+    store = WorkflowStore(pg_engine)
+    for chord_first in (True, False, True, False):
+        group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(3)]
+        fired: list[FiredChord] = []
+        with _HeldCommits(pg_engine, 2) as commits:
+            batches = [journaled(group_id, parts), MirrorBatch(results=[success(parts[0])])]
+            threads = [
+                threading.Thread(target=_apply_held, args=(store, commits, batch, fired))
+                for batch in (batches if chord_first else batches[::-1])
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+        assert fired == []
+        assert write(store, success(parts[1])) == []
+        assert [chord.group_id for chord in write(store, success(parts[2]))] == [group_id]
