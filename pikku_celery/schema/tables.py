@@ -399,7 +399,9 @@ mirror_deliveries = sa.Table(
 # cluster does at a time (recovery at start, a reaper pass). ``generation``
 # counts every take (a holder renews and releases only its own); ``taken_at``
 # tells a waiter whether a pass began after it started. Times are seconds since
-# the epoch, on the database server's clock where there is one.
+# the epoch, on the database server's clock where there is one. A handful of rows,
+# never joined to another table: on a distributed engine it stays a local table of
+# the coordinator (or a reference table), outside the distributed set.
 leases = sa.Table(
     "pikku_celery_leases",
     metadata,
@@ -509,12 +511,23 @@ celery_result_chords = sa.Table(
     ),
 )
 
-# The header parts of such a chord, in the order the body gets their results.
+# The header parts of such a chord, in the order the body gets their results. ``done``:
+# the part's task has a ready result, set in the transaction that writes that result, or
+# that writes the part when its result came first; so a chord's count is a read of its
+# own rows (one key, its group id), never a join to the results (keyed by task id).
 celery_result_chord_parts = sa.Table(
     "pikku_celery_result_chord_parts",
     metadata,
     sa.Column("group_id", sa.Text, primary_key=True),
     sa.Column("task_id", sa.Text, primary_key=True),
     sa.Column("position", sa.Integer, nullable=False),
+    sa.Column("done", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index("idx_pikku_celery_result_chord_parts_task", "task_id"),
+    # The parts a chord still waits for: what its count and the reaper's look read.
+    sa.Index(
+        "idx_pikku_celery_result_chord_parts_waiting",
+        "group_id",
+        postgresql_where=sa.text("NOT done"),
+        sqlite_where=sa.text("done = 0"),
+    ),
 )

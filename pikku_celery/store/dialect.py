@@ -58,6 +58,9 @@ class Dialect(ABC):
     #: Tells the readers waiting for these results at COMMIT (``channel``, ``payload``);
     #: None where readers watch the database instead.
     notify_ready: ClassVar[sa.Executable | None]
+    #: Marks a chord's parts done and locks its row (``chord_id``, ``task_ids``), one
+    #: statement; None where the two are sent apart (``sql.results``).
+    mark_and_lock_chord: ClassVar[sa.Executable | None]
     #: Sets one key of a run's state, whatever characters it holds.
     update_run_state: ClassVar[sa.Update]
     #: Where a streaming replica's replay is (``sql.replica.lag``); None where a database
@@ -125,9 +128,12 @@ class PostgreSQL(Dialect):
     networked = True
     # jsonb refuses it.
     json_allows_nul = False
-    # The server's clock: one clock for every machine of the cluster.
-    clock = sa.extract("epoch", sa.func.clock_timestamp())
+    # The server's clock: one clock for every machine of the cluster. When the statement
+    # began, not the transaction: one instant however often a statement reads it (a
+    # lease's taken_at and expires_at agree), and never older than the statement.
+    clock = sa.extract("epoch", sa.func.statement_timestamp())
     notify_ready = sql.results.notify
+    mark_and_lock_chord = sql.results.mark_and_lock_chord_pg
     update_run_state = sql.runs.update_run_state_pg
     replica_lag = sql.replica.lag
 
@@ -168,6 +174,7 @@ class SQLite(Dialect):
     # The caller's clock: the database is on one machine.
     clock = sa.bindparam("now", type_=sa.Float())
     notify_ready = None
+    mark_and_lock_chord = None
     update_run_state = sql.runs.update_run_state_sqlite
     replica_lag = None
 

@@ -41,6 +41,8 @@ class Results:
     def __init__(self, db: Connector) -> None:
         self._db = db
         self._wakeups: Wakeups | None = None
+        # Where the reaper's next look at chords not fired begins (``finish_due_chords``).
+        self._due_after = ""
 
     def use_wakeups(self, wakeups: Wakeups) -> None:
         """Tell readers through ``wakeups`` from now on, instead of the database's NOTIFY
@@ -85,32 +87,38 @@ class Results:
         ]
         ready = _ready(rows)
         # One transaction: the chords and the results that count them land together.
+        marks: dict[str, set[str]] = {}
         if chords:
-            self._apply_chords(c, chords)
+            marks.update(self._apply_chords(c, chords))
             if not rows:
-                return self._complete_chords(c, [h.group_id for h in chords], chords[0].at)
+                return self._complete_chords(c, marks, chords[0].at)
         c.execute(self._db.sql.write_result, params)
         notify = self._db.sql.notify_ready
         if ready and notify is not None and self._wakeups is None:
             # Delivered at COMMIT, to the readers waiting for these ids (result_watch).
             c.execute(notify, {"channel": CHANNEL, "payload": notify_payload(ready)})
-        groups = set(h.group_id for h in chords)
         if ready:
-            found = c.execute(sql.results.chords_of_parts, {"task_ids": sorted(set(ready))})
-            groups.update(found.scalars().all())
-        return self._complete_chords(c, sorted(groups), rows[0].at) if groups else []
+            # Each part of a chord these results complete is done from now on, whether its
+            # chord is in SQL yet or not (a chord that lands later counts it as it lands).
+            found = c.execute(sql.results.parts_waiting_for, {"task_ids": sorted(set(ready))})
+            for group_id, task_id in found.all():
+                marks.setdefault(group_id, set()).add(task_id)
+        return self._complete_chords(c, marks, rows[0].at) if marks else []
 
     def settle(self, group_ids: Iterable[str], task_ids: Iterable[str]) -> list[FiredChord]:
         """After the COMMIT of a transaction that wrote chords (``group_ids``: applied or
-        added to) or ready results (``task_ids``): claim those chords, and the chords of
-        those results, whose parts are now all done and that no batch claimed.
+        added to) or ready results (``task_ids``): mark the parts of those chords, and of
+        the chords of those results, whose results are in and that no transaction marked,
+        and claim those chords whose parts are now all done and that no batch claimed.
 
         A chord and its last part's result are written by different processes' batches
-        (the publisher's, a worker's); two that run at once each count only what the other
-        had committed, so neither claims it in its own transaction. Each looking again
-        after its COMMIT, in a fresh snapshot, the later of the two to commit sees both and
-        claims it: a chord fires within the flush lag whatever the order of the commits.
-        With one writer at a time (SQLite), the count inside each saw the other's.
+        (the publisher's, a worker's); two that run at once are each blind to the other's
+        rows, so neither marks that part done nor claims the chord in its own transaction.
+        Each looking again after its COMMIT, in a fresh snapshot, the later of the two to
+        commit sees both and marks the part (whether the chord is done or not: later parts'
+        batches count by the marks) and claims the chord when it is done: a chord fires
+        within the flush lag whatever the order of the commits. With one writer at a time (SQLite),
+        each transaction saw what the other had committed.
 
         A failure here is logged and leaves the chord to the reaper's pass: the batch is
         committed, and what it claimed must still be sent."""
@@ -121,8 +129,10 @@ class Results:
             return []
         try:
             with self._db.read(None) as c:
-                key = {"group_ids": groups, "task_ids": ids}
-                due = c.execute(sql.results.settled_chords, key).scalars().all()
+                if ids:
+                    found = c.execute(sql.results.unsettled_chords, {"task_ids": ids})
+                    groups = sorted({*groups, *found.scalars().all()})
+                due = self._due(c, groups) if groups else {}
             if not due:
                 return []
             with self._db.write(None) as c:
@@ -138,6 +148,43 @@ class Results:
                 extra={"action": "chord_settle_failed"},
             )
             return []
+
+    def _due(self, c: sa.Connection, groups: Sequence[str]) -> dict[str, set[str]]:
+        """Of these chords not fired, those with parts to mark (not marked, their results
+        ready now) or whose every waiting part is ready, each with the parts to mark.
+
+        A part is marked even when its chord still waits for others: the batch of a later
+        part counts by the marks, so one left unmarked would hold the chord until the
+        reaper's pass."""
+        waiting, ready = self._waiting(c, groups)
+        return {
+            group_id: tasks & ready
+            for group_id, tasks in waiting.items()
+            if tasks & ready or tasks <= ready
+        }
+
+    def _waiting(
+        self, c: sa.Connection, groups: Sequence[str]
+    ) -> tuple[dict[str, set[str]], set[str]]:
+        """Of these chords, those not fired (in SQL), each with its parts not marked done, and
+        which of those parts have a ready result: one read on the chords' own key, one of
+        those results on theirs."""
+        waiting: dict[str, set[str]] = {}
+        rows = c.execute(sql.results.waiting_parts, {"group_ids": list(groups)}).all()
+        for group_id, task_id in rows:
+            tasks = waiting.setdefault(group_id, set())
+            if task_id is not None:
+                tasks.add(task_id)
+        ids = sorted({task_id for _, task_id in rows if task_id is not None})
+        if not ids:
+            return waiting, set()
+        return waiting, set(c.execute(sql.results.ready_results, {"task_ids": ids}).scalars())
+
+    def _mark_due(self, c: sa.Connection, due: dict[str, set[str]]) -> None:
+        for group_id in sorted(due):
+            if due[group_id]:
+                key = {"chord_id": group_id, "task_ids": sorted(due[group_id])}
+                c.execute(sql.results.mark_done_among, key)
 
     def _announce(self, task_ids: Sequence[str]) -> None:
         assert self._wakeups is not None
@@ -155,18 +202,28 @@ class Results:
             )
 
     def _complete_chords(
-        self, c: sa.Connection, groups: Sequence[str], at: dt.datetime
+        self, c: sa.Connection, marks: dict[str, set[str]], at: dt.datetime
     ) -> list[FiredChord]:
-        """Claim the firing of every one of these chords whose parts are now all done.
+        """Mark the parts ``marks`` names done, chord by chord, and claim the firing of every
+        one of these chords whose parts are now all done.
 
         The chords are locked one after another in ``group_id`` order, after every other
-        lock of the batch, and counted after the lock: of two batches that write a chord's
+        lock of the batch, each right after its parts are marked (one statement where the
+        dialect has it), and counted after the lock: of two batches that write a chord's
         last two parts at once, the second counts the first's committed part and fires.
+        Each count reads the chord's own rows of parts.
         """
         fired: list[FiredChord] = []
-        for group_id in sorted(groups):
+        mark_and_lock = self._db.sql.mark_and_lock_chord
+        for group_id in sorted(marks):
             key = {"chord_id": group_id}
-            chord = c.execute(sql.results.lock_chord, key).first()
+            tasks = sorted(marks[group_id])
+            if tasks and mark_and_lock is not None:
+                chord = c.execute(mark_and_lock, {**key, "task_ids": tasks}).first()
+            else:
+                if tasks:
+                    c.execute(sql.results.mark_done_among, {**key, "task_ids": tasks})
+                chord = c.execute(sql.results.lock_chord, key).first()
             if chord is None or chord.fired_at is not None:
                 continue
             if c.execute(sql.results.chord_parts_waiting, key).scalar_one():
@@ -181,7 +238,10 @@ class Results:
         in a process with no journal; returns it if its parts are already done."""
         return self.write([], chords=[ChordWrite(group_id, tuple(parts), body, now())])
 
-    def _apply_chords(self, c: sa.Connection, chords: Sequence[ChordWrite]) -> None:
+    def _apply_chords(self, c: sa.Connection, chords: Sequence[ChordWrite]) -> dict[str, set[str]]:
+        """The chords and their parts; returns, by chord, the parts to mark done: those whose
+        results are in already (written before the chord landed, by other processes'
+        batches)."""
         c.execute(
             self._db.sql.insert_chord,
             [
@@ -196,18 +256,27 @@ class Results:
         ]
         if parts:
             c.execute(self._db.sql.insert_chord_parts, parts)
+        waiting, ready = self._waiting(c, sorted({h.group_id for h in chords}))
+        return {group_id: tasks & ready for group_id, tasks in waiting.items()}
 
     def add_to_chords(
         self, added: Sequence[tuple[str, str]], *, conn: sa.Connection | None = None
     ) -> None:
         """Tasks added to chords (``(group_id, task_id)``): each waits for one more part,
-        whose result comes after the others'; a task added twice counts once."""
+        whose result comes after the others'; a task added twice counts once. One whose
+        result is in already (another process's batch wrote it first) is done."""
         if added:
             with self._db.write(conn) as c:
+                new: dict[str, set[str]] = {}
                 for group_id, task_id in added:
                     key = {"chord_id": group_id, "task_id": task_id}
                     if c.execute(self._db.sql.add_chord_part, key).first() is not None:
                         c.execute(sql.results.grow_chord, key)
+                        new.setdefault(group_id, set()).add(task_id)
+                ids = sorted({task_id for tasks in new.values() for task_id in tasks})
+                if ids:
+                    ready = set(c.execute(sql.results.ready_results, {"task_ids": ids}).scalars())
+                    self._mark_due(c, {g: tasks & ready for g, tasks in new.items()})
 
     def mark_sent(
         self, sent: Sequence[tuple[str, dt.datetime]], *, conn: sa.Connection | None = None
@@ -220,10 +289,16 @@ class Results:
 
     def finish_due_chords(self, before: dt.datetime, *, limit: int = 100) -> list[FiredChord]:
         """Claim the chords written before ``before`` whose parts are all done and that no
-        batch fired (the chord and its last result landed at once, in two transactions)."""
+        batch fired (the chord and its last result landed at once, in two transactions,
+        and the look after their COMMITs failed): ``limit`` chords not fired at a time,
+        each pass going on from where the last one ended."""
         with self._db.write(None) as c:
-            params = {"before": before, "limit": limit}
-            due = c.execute(sql.results.due_chords, params).scalars().all()
+            params = {"before": before, "limit": limit, "after": self._due_after}
+            open_ = c.execute(sql.results.open_chords, params).scalars().all()
+            self._due_after = open_[-1] if len(open_) >= limit else ""
+            if not open_:
+                return []
+            due = self._due(c, open_)
             return self._complete_chords(c, due, now()) if due else []
 
     def unsent_chords(self, before: dt.datetime, *, limit: int = 100) -> list[FiredChord]:

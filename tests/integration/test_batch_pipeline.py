@@ -79,7 +79,7 @@ def test_a_connection_dropped_under_a_batch_is_an_outage_and_the_next_batch_land
         pid = pooled.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
     admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        conn.execute(sa.text("SELECT pg_terminate_backend(CAST(:pid AS integer))"), {"pid": pid})
     admin.dispose()
     step_id = str(uuid.uuid4())
     with pytest.raises(StoreUnavailable):

@@ -11,7 +11,7 @@ import uuid
 import sqlalchemy as sa
 
 from pikku_celery import WorkflowStore
-from pikku_celery.schema import celery_results
+from pikku_celery.schema import celery_result_chord_parts, celery_results
 from pikku_celery.store import ChordWrite, FiredChord, MirrorBatch, ResultWrite, now
 from tests.conftest import truncate
 
@@ -219,3 +219,116 @@ def test_a_task_added_before_its_chord_is_in_sql_is_waited_for_after_the_header(
     assert list(store.batches.apply_batch(journaled(group_id, parts)).fired) == []
     [fired] = write(store, success(added))
     assert fired == FiredChord(group_id, b"body", (*parts, added))
+
+
+def _done_flags(engine: sa.Engine, group_id: str) -> dict[str, bool]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(celery_result_chord_parts.c.task_id, celery_result_chord_parts.c.done).where(
+                celery_result_chord_parts.c.group_id == group_id
+            )
+        ).all()
+    return {task_id: bool(done) for task_id, done in rows}
+
+
+def test_a_part_is_done_once_its_result_is_in_whichever_landed_first(
+    store: WorkflowStore,
+) -> None:
+    # The chord is counted by its own rows: each part says whether its result is in, set by
+    # the result's batch, or by the chord's when the result came first.
+    group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(3)]
+    assert write(store, success(parts[0])) == []
+    assert list(store.batches.apply_batch(journaled(group_id, parts)).fired) == []
+    assert _done_flags(store.engine, group_id) == {parts[0]: True, parts[1]: False, parts[2]: False}
+    assert write(store, success(parts[2]), success(parts[2])) == []
+    assert _done_flags(store.engine, group_id)[parts[2]]
+    [fired] = write(store, success(parts[1]))
+    assert fired == FiredChord(group_id, b"body", tuple(parts))
+    assert set(_done_flags(store.engine, group_id).values()) == {True}
+
+
+def test_the_reaper_goes_on_past_chords_that_wait_long(store: WorkflowStore) -> None:
+    # Two chords the reaper looks at one at a time: the first waits for a task that never
+    # ends; the second, whose result the batches never counted, fires at the next look.
+    long_ago = now() - dt.timedelta(minutes=5)
+    waiting, due = sorted(str(uuid.uuid4()) for _ in range(2))
+    waiting_part, due_part = str(uuid.uuid4()), str(uuid.uuid4())
+    store.batches.apply_batch(journaled(waiting, [waiting_part], long_ago))
+    store.batches.apply_batch(journaled(due, [due_part], long_ago))
+    with store.engine.begin() as conn:
+        row = {"task_id": due_part, "status": "SUCCESS", "attempt": 1, "meta": b"{}"}
+        conn.execute(sa.insert(celery_results).values(**row, updated_at=long_ago))
+    assert store.results.finish_due_chords(now(), limit=1) == []  # the waiting one
+    [fired] = store.results.finish_due_chords(now(), limit=1)
+    assert fired.group_id == due
+    assert store.results.finish_due_chords(now(), limit=1) == []
+
+
+def test_an_added_part_and_its_chord_committed_at_once_fire_the_chord_once(
+    pg_engine: sa.Engine,
+) -> None:
+    # The added task's part row is in before its chord; its result (marked on that row) and
+    # the chord land in two transactions at once, each blind to the other's row.
+    truncate(pg_engine)
+    store = WorkflowStore(pg_engine)
+    for chord_first in (True, False, True, False):
+        group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4())]
+        added = str(uuid.uuid4())
+        store.batches.apply_batch(MirrorBatch(chord_parts=[(group_id, added)]))
+        assert write(store, success(parts[0])) == []
+        fired: list[FiredChord] = []
+        with _HeldCommits(pg_engine, 2) as commits:
+            batches = [journaled(group_id, parts), MirrorBatch(results=[success(added)])]
+            threads = [
+                threading.Thread(target=_apply_held, args=(store, commits, batch, fired))
+                for batch in (batches if chord_first else batches[::-1])
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+        assert [chord.group_id for chord in fired] == [group_id]
+        assert fired[0].parts == (*parts, added)
+
+
+def test_the_look_after_a_commit_fires_no_chord_on_a_result_the_batch_held_back(
+    pg_engine: sa.Engine,
+) -> None:
+    # A batch names the ready results it was given, written or not (one whose step is not
+    # in SQL yet waits with it): the look after its COMMIT fires a chord only on results
+    # that are in SQL, then fires it once the held one is written.
+    truncate(pg_engine)
+    store = WorkflowStore(pg_engine)
+    group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(2)]
+    store.results.apply_chord(group_id, parts, b"body")
+    assert write(store, success(parts[0])) == []
+    assert store.results.settle([], [parts[1]]) == []
+    assert store.results.settle([group_id], [parts[1]]) == []
+    [fired] = write(store, success(parts[1]))
+    assert fired == FiredChord(group_id, b"body", tuple(parts))
+
+
+def test_a_part_written_at_once_with_its_chord_counts_for_the_last_part(
+    pg_engine: sa.Engine,
+) -> None:
+    # A header task's result and its chord land at once, each transaction blind to the
+    # other's row; the chord is not done yet. The part still counts: the batch of the last
+    # part fires the chord itself, not the reaper's pass seconds later.
+    truncate(pg_engine)
+    store = WorkflowStore(pg_engine)
+    for chord_first in (True, False, True, False):
+        group_id, parts = str(uuid.uuid4()), [str(uuid.uuid4()) for _ in range(3)]
+        fired: list[FiredChord] = []
+        with _HeldCommits(pg_engine, 2) as commits:
+            batches = [journaled(group_id, parts), MirrorBatch(results=[success(parts[0])])]
+            threads = [
+                threading.Thread(target=_apply_held, args=(store, commits, batch, fired))
+                for batch in (batches if chord_first else batches[::-1])
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+        assert fired == []
+        assert write(store, success(parts[1])) == []
+        assert [chord.group_id for chord in write(store, success(parts[2]))] == [group_id]

@@ -420,4 +420,69 @@ def test_0013_keys_rows_of_0012_by_their_run_and_its_downgrade_keeps_them(
     assert _raw(store.engine, bodies) == [("not-out",), ("s2",)]
     store.init()
     assert [a.attempt for a in store.get_run_history("r1")] == [1, 2, 1]
+
+
+def test_a_chord_half_done_before_0014_fires_once_after_the_upgrade(empty_url: str) -> None:
+    # At 0012 a chord was counted by joining its parts to the results; from 0014 each part
+    # says whether it is done. The upgrade marks the parts whose results are in.
+    from pikku_celery.store import MirrorBatch, ResultWrite, now
+
+    store = WorkflowStore(empty_url)
+    migrate.upgrade(store.engine, "0012")
+    # The tables as they were at 0012, not as declared now.
+    chords = sa.table(
+        "pikku_celery_result_chords",
+        sa.column("group_id"),
+        sa.column("size"),
+        sa.column("body", sa.LargeBinary),
+        sa.column("created_at", sa.DateTime(timezone=True)),
+    )
+    parts = sa.table(
+        "pikku_celery_result_chord_parts",
+        sa.column("group_id"),
+        sa.column("task_id"),
+        sa.column("position"),
+    )
+    results = sa.table(
+        "pikku_celery_results",
+        sa.column("task_id"),
+        sa.column("status"),
+        sa.column("attempt"),
+        sa.column("meta", sa.LargeBinary),
+        sa.column("updated_at", sa.DateTime(timezone=True)),
+    )
+    at = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
+    with store.engine.begin() as conn:
+        conn.execute(sa.insert(chords).values(group_id="g1", size=3, body=b"body", created_at=at))
+        conn.execute(
+            sa.insert(parts),
+            [
+                {"group_id": "g1", "task_id": task_id, "position": position}
+                for position, task_id in enumerate(("p1", "p2", "p3"))
+            ],
+        )
+        conn.execute(
+            sa.insert(results),
+            [
+                {"task_id": t, "status": s, "attempt": 1, "meta": b"{}", "updated_at": at}
+                for t, s in (("p1", "SUCCESS"), ("p2", "STARTED"))
+            ],
+        )
+    store.init()
+    assert store.schema_revision() == migrate.head_revision()
+    done = dict(_raw(store.engine, "SELECT task_id, done FROM pikku_celery_result_chord_parts"))
+    assert {task_id: bool(flag) for task_id, flag in done.items()} == {
+        "p1": True,
+        "p2": False,
+        "p3": False,
+    }
+
+    def finish(task_id: str) -> list[str]:
+        row = ResultWrite(task_id, 1, "SUCCESS", b"{}", now())
+        fired = store.batches.apply_batch(MirrorBatch(results=[row])).fired
+        return [chord.group_id for chord in fired]
+
+    assert finish("p3") == []
+    assert finish("p2") == ["g1"]
+    assert finish("p2") == []  # delivered again: fired once
     store.close()

@@ -82,3 +82,12 @@ def test_only_the_catalogue_chooses_by_dialect() -> None:
         and (lines := _asks_for_the_dialect(ast.parse(path.read_text())))
     }
     assert found == {}
+
+
+def test_the_result_literals_are_the_ready_states_and_the_unnamed_attempt() -> None:
+    # The ON CONFLICT part of a result's write spells these constants as SQL literals.
+    from pikku_celery.store.sql import results
+
+    spelled = tuple(str(literal.name).strip("'") for literal in results._READY_SQL)
+    assert spelled == results.READY_STATES
+    assert str(results._UNNAMED_SQL.name) == str(results.UNNAMED)

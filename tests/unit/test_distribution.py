@@ -38,7 +38,7 @@ def test_every_key_of_a_distributed_table_holds_its_distribution_column() -> Non
         if placement.kind != "distributed":
             continue
         table = metadata.tables[placement.table]
-        assert placement.column in table.columns, placement.table
+        assert placement.column is not None and placement.column in table.columns.keys()
         for columns in _unique_column_sets(table):
             assert placement.column in columns, (placement.table, columns)
 

@@ -18,6 +18,7 @@ _DASHBOARD = "the dashboard's, CLI's and metrics' view of all runs"
 _REAPER = "the reaper's scan for what is stuck, by age, wherever it is"
 _EXPIRY = "expiry: rows older than a time, wherever they are"
 _PRUNE = "prune: finished runs older than a time, wherever they are"
+_BY_PART = "a ready result's chord part, by its task id: a result does not know its chord"
 
 #: By design: scans over all runs, each with why.
 FAN_OUT: Final[dict[str, str]] = {
@@ -30,7 +31,9 @@ FAN_OUT: Final[dict[str, str]] = {
     "reap.stale_scheduled": _REAPER,
     "reap.unsent_claims": _REAPER,
     "reap.unsettled_runs": _REAPER,
-    "results.due_chords": _REAPER + " (chords not fired)",
+    "results.open_chords": _REAPER + " (chords not fired, a page at a time)",
+    "results.parts_waiting_for": _BY_PART,
+    "results.unsettled_chords": _BY_PART + ", after COMMIT",
     "results.unsent_chords": _REAPER + " (fired chords whose body is not out)",
     "results.expire_results": _EXPIRY,
     "results.expire_groups": _EXPIRY,
@@ -51,7 +54,6 @@ FAN_OUT: Final[dict[str, str]] = {
 #: routing test fails when one of these routes (take it off) so this only shrinks.
 _STEP_BY_ID = "finds a step by its id alone; steps are split by run"
 _LOCKS_ACROSS = "locks rows (FOR UPDATE) of many runs at once, across shards"
-_PARTS_JOIN = "joins a chord's parts (split by group) to results (split by task id)"
 
 NOT_YET_KEYED: Final[dict[str, str]] = {
     "batches.complete_runs_pg": "reads each run's steps and chords in subqueries tied to the "
@@ -60,7 +62,4 @@ NOT_YET_KEYED: Final[dict[str, str]] = {
     "batches.lock_runs_pg": _LOCKS_ACROSS,
     "claims.get_step": _STEP_BY_ID,
     "prune.lock_batch": _LOCKS_ACROSS,
-    "results.chord_parts_waiting": _PARTS_JOIN,
-    "results.chords_of_parts": "finds chords by a part's task id; parts are split by group",
-    "results.settled_chords": _PARTS_JOIN,
 }

@@ -24,6 +24,11 @@ def take(insert: Upsert, clock: sa.ColumnElement[Any]) -> Any:
     With ``over_resting`` true, a lease whose holder released it but held it
     back a while (a reaper's rest between passes) can be taken as well. With
     ``if_taken_before`` set, only if nobody took it since that moment.
+
+    The clock is read once, in the row's VALUES (``taken_at``): the ON CONFLICT part
+    compares with ``excluded.taken_at`` and calls no function, so it holds nothing a
+    distributed engine refuses there (a function that is not IMMUTABLE), and the row
+    written and the expiry it was compared with are the same instant.
     """
     statement = insert(leases).values(
         name=P("lease"),
@@ -32,20 +37,21 @@ def take(insert: Upsert, clock: sa.ColumnElement[Any]) -> Any:
         taken_at=clock,
         expires_at=clock + P("ttl", type_=sa.Float()),
     )
+    excluded = statement.excluded
     return statement.on_conflict_do_update(
         index_elements=["name"],
         set_={
-            "holder": statement.excluded.holder,
-            "generation": leases.c.generation + 1,
-            "taken_at": statement.excluded.taken_at,
-            "expires_at": statement.excluded.expires_at,
+            "holder": excluded.holder,
+            "generation": leases.c.generation + sa.literal_column("1", sa.Integer),
+            "taken_at": excluded.taken_at,
+            "expires_at": excluded.expires_at,
         },
         where=sa.and_(
             sa.or_(
-                leases.c.expires_at <= clock,
+                leases.c.expires_at <= excluded.taken_at,
                 sa.and_(
                     sa.cast(P("over_resting", type_=sa.Boolean()), sa.Boolean()),
-                    leases.c.holder == "",
+                    leases.c.holder == sa.literal_column("''", sa.Text),
                 ),
             ),
             sa.or_(
