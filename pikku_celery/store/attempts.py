@@ -109,6 +109,8 @@ class Attempts:
         try:
             with self._db.single(conn) as c:
                 params["run_id"] = self.run_of(c, step_id, run_id)
+                if params["run_id"] is None:
+                    raise StepNotFound(step_id=step_id)
                 for statement in self._db.sql.record_attempt(status):
                     self._db.run(c, statement, params)
         except StoreError as exc:
