@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery import Task
 
+from pikku_celery.errors import StoreUnavailable
 from pikku_celery.integration import headers as h
 from pikku_celery.integration.installed import finished_result
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     _TaskBase = Task[Any, Any]
@@ -59,7 +63,19 @@ class WorkflowTask(_TaskBase):
         if getattr(request, "id", None) and h.from_request(request, h.ORCHESTRATED):
             # A workflow step dispatched twice (a replay crashed between sending
             # it and recording that) must not do its work twice.
-            done, result = finished_result(self.app, str(request.id))
+            try:
+                done, result = finished_result(self.app, str(request.id))
+            except StoreUnavailable as exc:
+                # A database outage must not fail the step: its events wait in the journal,
+                # and a step Celery delivers is run at least once, as Celery runs any task.
+                logger.warning(
+                    "pikku-celery could not check whether step %s already succeeded (%s); "
+                    "running it",
+                    request.id,
+                    exc,
+                    extra={"action": "duplicate_check_skipped"},
+                )
+                done, result = False, None
             if done:
                 return result
         if not request.called_directly:

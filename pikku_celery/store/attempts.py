@@ -43,6 +43,14 @@ class Attempts:
     def __init__(self, db: Connector) -> None:
         self._db = db
 
+    def run_of(self, c: sa.Connection, step_id: str, run_id: str | None) -> str | None:
+        """The step's run: ``run_id`` when the caller names it, else looked up by the step's
+        id (None: no such step, and the statements that follow change nothing)."""
+        if run_id is not None:
+            return run_id
+        found = c.execute(sql.attempts.step_run, {"step_id": step_id}).scalar()
+        return None if found is None else str(found)
+
     def record_attempt(
         self,
         step_id: str,
@@ -100,7 +108,10 @@ class Attempts:
             params["error"] = None if error is None else self._db.error_json(error)
         try:
             with self._db.single(conn) as c:
-                for statement in self._db.sql.record_attempt(status, keyed=run_id is not None):
+                params["run_id"] = self.run_of(c, step_id, run_id)
+                if params["run_id"] is None:
+                    raise StepNotFound(step_id=step_id)
+                for statement in self._db.sql.record_attempt(status):
                     self._db.run(c, statement, params)
         except StoreError as exc:
             if isinstance(exc.__cause__, sa_exc.IntegrityError):
@@ -132,6 +143,7 @@ class Attempts:
         }
         *first, moving = self._db.sql.next_attempt(status)
         with self._db.single(conn) as c:
+            params["run_id"] = self.run_of(c, step_id, run_id)
             for statement in first:
                 c.execute(statement, params)
             row = c.execute(moving, params).mappings().first()

@@ -239,7 +239,7 @@ class SqliteWrites:
     def write_transitions(
         self, c: sa.Connection, status: str, rows: list[dict[str, Any]], later: Later
     ) -> None:
-        for statement in self._sql.record_attempt(status, keyed=True):
+        for statement in self._sql.record_attempt(status):
             self._db.run_many(c, statement, rows)
 
     def write_outcomes(

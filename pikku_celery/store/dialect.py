@@ -101,10 +101,10 @@ class Dialect(ABC):
         """A parameter of a given type inside INSERT ... SELECT, the dialect's way."""
 
     @abstractmethod
-    def record_attempt(self, status: str, *, keyed: bool = False) -> tuple[sa.Executable, ...]:
+    def record_attempt(self, status: str) -> tuple[sa.Executable, ...]:
         """An event's attempt row and step row (``sql.attempts``), sent in this order with
-        the same parameters: one statement where a lone write runs in autocommit.
-        ``keyed``: the parameters name the step's run (``run_id``)."""
+        the same parameters (``run_id`` among them): one statement where a lone write runs
+        in autocommit."""
 
     @abstractmethod
     def next_attempt(self, status: str) -> tuple[sa.Executable, ...]:
@@ -153,9 +153,9 @@ class PostgreSQL(Dialect):
         # In INSERT ... SELECT, PostgreSQL needs each parameter's type spelled out.
         return sa.cast(sa.bindparam(name), type_)
 
-    def record_attempt(self, status: str, *, keyed: bool = False) -> tuple[sa.Executable, ...]:
+    def record_attempt(self, status: str) -> tuple[sa.Executable, ...]:
         # The step row's update rides along in the same statement: one round trip.
-        return (sql.attempts.record_attempt_pg(status, keyed),)
+        return (sql.attempts.record_attempt_pg(status),)
 
     def next_attempt(self, status: str) -> tuple[sa.Executable, ...]:
         return (sql.attempts.retry_attempt_pg(status),)
@@ -200,10 +200,10 @@ class SQLite(Dialect):
         # timestamp into a number.
         return sa.bindparam(name, type_=type_)
 
-    def record_attempt(self, status: str, *, keyed: bool = False) -> tuple[sa.Executable, ...]:
+    def record_attempt(self, status: str) -> tuple[sa.Executable, ...]:
         return (
-            sql.attempts.record_attempt_step(status, keyed),
-            sql.attempts.record_attempt(self.insert, status, keyed),
+            sql.attempts.record_attempt_step(status),
+            sql.attempts.record_attempt(self.insert, status),
         )
 
     def next_attempt(self, status: str) -> tuple[sa.Executable, ...]:

@@ -80,6 +80,7 @@ class Reaping:
             "now": now(),
         }
         with self._db.single(conn) as c:
+            params["run_id"] = self._attempts.run_of(c, step_id, run_id)
             return bool(c.execute(sql.reap.retake_unsent, params).rowcount)
 
     def retake_lost(
@@ -104,6 +105,7 @@ class Reaping:
             "now": now(),
         }
         with self._db.single(conn) as c:
+            params["run_id"] = self._attempts.run_of(c, step_id, run_id)
             return bool(c.execute(sql.reap.retake_lost, params).rowcount)
 
     def unsettled_runs(
@@ -143,6 +145,7 @@ class Reaping:
             "now": now(),
         }
         with self._db.write(conn) as c:
+            params["run_id"] = self._attempts.run_of(c, step_id, run_id)
             if c.execute(sql.reap.lose_attempt, params).rowcount == 0:
                 return False
             c.execute(sql.reap.lose_step, params)

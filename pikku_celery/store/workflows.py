@@ -182,7 +182,12 @@ class Workflows:
         with self._db.single(conn) as c:
             result = c.execute(
                 sql.workflows.set_branch_taken,
-                {"run_id": None, "step_id": step_id, "branch": branch, "now": now()},
+                {
+                    "run_id": self._attempts.run_of(c, step_id, None),
+                    "step_id": step_id,
+                    "branch": branch,
+                    "now": now(),
+                },
             )
             if result.rowcount == 0:
                 raise StepNotFound(step_id=step_id)
@@ -258,7 +263,7 @@ class Workflows:
             c.execute(
                 sql.workflows.set_step_data,
                 {
-                    "run_id": None,
+                    "run_id": self._attempts.run_of(c, step_id, None),
                     "step_id": step_id,
                     "data": self._db.json(data, "input of a wait"),
                 },
@@ -267,12 +272,15 @@ class Workflows:
 
     def time_out_wait(self, step_id: str, attempt: int, error: ErrorLike) -> bool:
         """Fail the waiting step with its timeout, unless its wait has ended already."""
-        guard = {"run_id": None, "step_id": step_id, "attempt_no": attempt, "now": now()}
+        guard: dict[str, Any] = {"step_id": step_id, "attempt_no": attempt, "now": now()}
         try:
             with self._db.write(None) as c:
+                run_id = guard["run_id"] = self._attempts.run_of(c, step_id, None)
                 if c.execute(sql.workflows.hold_open_step, guard).rowcount == 0:
                     raise _Nothing
-                self._attempts.record_attempt(step_id, attempt, "failed", error=error, conn=c)
+                self._attempts.record_attempt(
+                    step_id, attempt, "failed", error=error, run_id=run_id, conn=c
+                )
         except _Nothing:
             return False
         return True

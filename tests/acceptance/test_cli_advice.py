@@ -38,6 +38,7 @@ from pikku_celery.dashboard import create_app
 from pikku_celery.dashboard.metrics import collect_metrics
 from pikku_celery.errors import RunFailed
 from tests.acceptance.conftest import redis_db
+from tests.conftest import PgServer
 from tests.dashboard.conftest import PASSWORD, csrf_token, lost_run
 
 PIKKU_CELERY = Path(sys.executable).with_name("pikku-celery")
@@ -61,6 +62,7 @@ pikku = PikkuCelery(app)
 RUN_HERE = {
     "pikku-celery db upgrade --database-url {}": "test_db_upgrade_for_a_missing_sqlite_file",
     "pikku-celery db upgrade": "test_db_upgrade_for_a_schema_that_is_behind",
+    "pikku-celery db distribute": "test_db_distribute_for_a_database_not_ready_for_it",
     "pikku-celery runs list": "test_runs_list_for_a_run_that_takes_no_events",
     "pikku-celery reap --app proj:pikku": "test_reap_for_lost_steps",
     "pikku-celery dashboard --app module:pikku": "test_dashboard_with_the_app_for_run_actions",
@@ -201,6 +203,27 @@ def test_db_upgrade_for_a_schema_that_is_behind(shell: Shell, tmp_path: Path) ->
     done = shell.run(advice[0])
     assert done.returncode == codes.EXIT_OK, done.stderr
     assert shell.run("pikku-celery db check").returncode == codes.EXIT_OK
+
+
+def test_db_distribute_for_a_database_not_ready_for_it(shell: Shell, pg_server: PgServer) -> None:
+    shell.env["PIKKU_DATABASE_URL"] = pg_server.create_database("pikku_advice")
+    refused = shell.run("pikku-celery db distribute")
+    assert refused.returncode == codes.EXIT_ERROR
+    advice = suggested(refused.stderr)
+    if not pg_server.citus:
+        # No Citus here: the advice is SQL to run on the cluster, then the command again,
+        # which runs as written and says the same.
+        assert "CREATE EXTENSION citus" in refused.stderr
+        assert advice == ["pikku-celery db distribute"]
+        again = shell.run(advice[0])
+        assert again.returncode == codes.EXIT_ERROR
+        assert again.stderr == refused.stderr
+        return
+    assert advice == ["pikku-celery db upgrade", "pikku-celery db distribute"]
+    for command in advice:
+        done = shell.run(command)
+        assert done.returncode == codes.EXIT_OK, done.stderr
+    assert "Distributed on" in done.stdout
 
 
 def test_runs_list_for_a_run_that_takes_no_events(shell: Shell, database: WorkflowStore) -> None:

@@ -91,13 +91,21 @@ def test_step_of_a_missing_run_is_reported_missing_and_not_written(store: Workfl
 
 
 def test_running_event_is_one_round_trip(store: WorkflowStore) -> None:
-    _, step_id = scheduled_step(store)
+    run_id, step_id = scheduled_step(store)
     with count_statements(store.engine) as log:
-        store.attempts.record_attempt(step_id, 1, "running", task_id=step_id, worker="w1", pid=7)
+        store.attempts.record_attempt(
+            step_id, 1, "running", task_id=step_id, worker="w1", pid=7, run_id=run_id
+        )
     if store.dialect == "postgresql":
         assert len(log) == 1
     else:
         assert log.verbs() == ["UPDATE", "INSERT"]  # the attempt row is upserted
+    # A caller that names only the step pays one look-up of its run first.
+    with count_statements(store.engine) as log:
+        store.attempts.record_attempt(step_id, 1, "succeeded", result=1)
+    assert log.verbs()[0] == "SELECT"
+    assert len(log) == (2 if store.dialect == "postgresql" else 3)
+    assert [a.status for a in store.get_run_history(run_id)] == ["succeeded"]
 
 
 def test_execution_details_are_recorded(store: WorkflowStore) -> None:

@@ -61,18 +61,21 @@ def test_a_runs_completion_reads_only_its_own_rows(statement: sa.Update) -> None
         assert re.search(rf"{alias}\.workflow_run_id = \w+\.workflow_run_id", sql), alias
 
 
-def test_a_write_whose_caller_names_the_run_addresses_it_by_its_key_alone() -> None:
-    keyed, looked_up = (_pg(attempts.record_attempt_pg("failed", k)) for k in (True, False))
-    assert "workflow_step.workflow_run_id = %(run_id)s" in keyed
-    assert "by_id" not in keyed  # no look-up of the step's run by its id
-    assert "by_id.workflow_step_id = %(step_id)s" in looked_up
+def test_a_write_addresses_its_step_by_its_run_and_never_looks_the_run_up_itself() -> None:
+    """A caller that names only the step looks its run up first (``attempts.step_run``):
+    a subquery inside the write (Citus refuses one in a COALESCE) would also send the
+    write to every shard."""
+    sql = _pg(attempts.record_attempt_pg("failed"))
+    assert "workflow_step.workflow_run_id = %(run_id)s" in sql
+    assert "coalesce(%(run_id)s" not in sql.lower()
+    assert "SELECT" not in sql.partition("UPDATE")[2].partition("RETURNING")[0]
 
 
 def test_statements_that_move_one_step_or_attempt_name_its_run() -> None:
     for statement in (
-        attempts.record_attempt_step("running", False),
-        attempts.record_attempt(postgresql.insert, "running", False),
-        attempts.record_attempt_pg("running", True),
+        attempts.record_attempt_step("running"),
+        attempts.record_attempt(postgresql.insert, "running"),
+        attempts.record_attempt_pg("running"),
         batches.hand_over_attempt,
         batches.uncount_deliveries,
         batches.steps_present_pg,

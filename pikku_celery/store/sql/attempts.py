@@ -50,6 +50,7 @@ __all__ = [
     "settle_run",
     "step_moves",
     "step_policy",
+    "step_run",
     "step_values",
     "still_going",
     "touch_run",
@@ -329,19 +330,14 @@ def step_policy(status: str, v: Source = _bound) -> sa.ColumnElement[bool]:
     return sa.and_(carried, reached)
 
 
-def _run(keyed: bool) -> Any:
-    """The run a statement addresses: the caller's (``keyed``), or looked up by step id."""
-    return P("run_id", type_=sa.Text()) if keyed else run_of_step
-
-
 @cache
-def record_attempt_step(status: str, keyed: bool) -> Update:
-    """The step row's half of a transition (see ``_step_moves``). ``keyed``: the caller
-    names the step's run (``run_id``); else it is looked up by the step's id."""
+def record_attempt_step(status: str) -> Update:
+    """The step row's half of a transition (see ``_step_moves``), on the step's run
+    (``run_id``)."""
     return (
         sa.update(steps)
         .where(
-            steps.c.workflow_run_id == _run(keyed),
+            steps.c.workflow_run_id == run_of_step,
             steps.c.workflow_step_id == P("step_id"),
             sa.or_(step_moves(status), step_policy(status)),
         )
@@ -351,23 +347,24 @@ def record_attempt_step(status: str, keyed: bool) -> Update:
 
 _STAMPS: Final = ("scheduled_at", "running_at")
 
-_by_id = steps.alias("by_id")
 # The run of the step an event names: the event's own when it knows it (the mirror's
-# batches), else looked up by the step's id (a direct caller that names only the step).
-run_of_step: Final = sa.func.coalesce(
-    P("run_id", type_=sa.Text()),
-    sa.select(_by_id.c.workflow_run_id)
-    .where(_by_id.c.workflow_step_id == P("step_id", type_=sa.Text()))
-    .limit(1)
-    .scalar_subquery(),
+# batches), else the operation looks it up first (``step_run``) for a direct caller that
+# names only the step. Never a subquery in the statement itself: Citus refuses one in a
+# COALESCE of a write, and a statement that names its run goes to that run's shard alone.
+run_of_step: Final = P("run_id", type_=sa.Text())
+
+#: The run of a step found by its id alone: one look before a write, for a caller that
+#: names only the step (the batches know each step's run and never send it).
+step_run: Final = (
+    sa.select(steps.c.workflow_run_id).where(steps.c.workflow_step_id == P("step_id")).limit(1)
 )
 
 
-def attempt_values(status: str, v: Source = _bound, *, keyed: bool = False) -> dict[str, Any]:
+def attempt_values(status: str, v: Source = _bound) -> dict[str, Any]:
     stamp = TIMESTAMP_COLUMN[status]
     values: dict[str, Any] = {
         "history_id": v("history_id"),
-        "workflow_run_id": v("run_id") if v is not _bound else _run(keyed),
+        "workflow_run_id": v("run_id") if v is not _bound else run_of_step,
         "workflow_step_id": v("step_id"),
         "attempt": v("attempt_no"),
         "status": sa.literal(status, sa.Text) if v is not _bound else status,
@@ -455,7 +452,7 @@ def attempt_upsert(insert: Any, status: str) -> Insert:
 
 
 @cache
-def record_attempt(insert: Upsert, status: str, keyed: bool) -> Insert:
+def record_attempt(insert: Upsert, status: str) -> Insert:
     """Upsert attempt K's row (after :func:`record_attempt_step`, in one transaction).
 
     One statement records one event, or several events of the same attempt
@@ -463,15 +460,15 @@ def record_attempt(insert: Upsert, status: str, keyed: bool) -> Insert:
     each keep the time of their own event; ``deliveries`` is how many starts
     it counts).
     """
-    values = attempt_values(status, keyed=keyed)
+    values = attempt_values(status)
     return attempt_upsert(insert(history).values(**values), status)
 
 
 @cache
-def record_attempt_pg(status: str, keyed: bool) -> Insert:
+def record_attempt_pg(status: str) -> Insert:
     """:func:`record_attempt` with the step row's update riding along: one round trip."""
-    statement = record_attempt(postgresql.insert, status, keyed)
-    return statement.add_cte(record_attempt_step(status, keyed).cte("step"))
+    statement = record_attempt(postgresql.insert, status)
+    return statement.add_cte(record_attempt_step(status).cte("step"))
 
 
 # --- run outcome ----------------------------------------------------------------

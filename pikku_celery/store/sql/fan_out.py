@@ -22,6 +22,8 @@ _BY_PART = "a ready result's chord part, by its task id: a result does not know 
 
 #: By design: scans over all runs, each with why.
 FAN_OUT: Final[dict[str, str]] = {
+    "attempts.step_run": "a direct caller names only the step: its run, looked up once "
+    "before the write, which then names it",
     "batches.known_steps_pg": "the batch's one lookup of its steps: an event names its step",
     "batches.prune_deliveries": _EXPIRY,
     "prune.count_prunable": _PRUNE,
