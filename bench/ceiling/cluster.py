@@ -11,8 +11,6 @@ and drops it at the end however the bench ends.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -20,6 +18,8 @@ from types import TracebackType
 from typing import Final
 
 import sqlalchemy as sa
+
+from bench.harness.pg_tools import PgToolError, newest_postgres, run_tool
 
 __all__ = ["OwnCluster"]
 
@@ -29,32 +29,17 @@ _TIMEOUT: Final = 180.0
 
 
 def _run(*command: str) -> str:
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=_TIMEOUT,
-        check=False,
-        env={**os.environ, "LC_ALL": "C.UTF-8"},
-    )
-    if done.returncode != 0:
-        raise SystemExit(
-            f"`{' '.join(command)}` exited {done.returncode}: "
-            f"{(done.stderr or done.stdout).strip()[-2000:]}"
-        )
-    return done.stdout
+    try:
+        return run_tool(*command)
+    except PgToolError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def _version() -> str:
-    for tool in ("pg_createcluster", "pg_ctlcluster", "pg_dropcluster"):
-        if shutil.which(tool) is None:
-            raise SystemExit(
-                f"{tool} is not on PATH: the bench makes a PostgreSQL server of its own with "
-                "the Debian cluster tools (apt-get install postgresql), as root"
-            )
-    return sorted(os.listdir("/usr/lib/postgresql"), key=lambda v: [int(p) for p in v.split(".")])[
-        -1
-    ]
+    try:
+        return newest_postgres()
+    except PgToolError as exc:
+        raise SystemExit(f"{exc}: the bench makes a PostgreSQL server of its own") from None
 
 
 @dataclass

@@ -10,20 +10,18 @@ Nothing here needs to survive a crash of the machine: ``fsync`` is off.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
 
+from bench.harness.pg_tools import PgToolError, newest_postgres, run_tool
+
 __all__ = ["CitusCluster", "ClusterError", "create_database", "drop_database", "node_urls"]
 
 HOST = "127.0.0.1"
 _PREFIX = "pikku_citus"
-_COMMAND_TIMEOUT = 180.0
 _TRUST = ("--", "--auth-local=trust", "--auth-host=trust")
 _SETTINGS = (
     "shared_preload_libraries=citus",
@@ -35,8 +33,8 @@ _SETTINGS = (
 )
 
 
-class ClusterError(RuntimeError):
-    """A step of making or dropping the cluster failed; the message says which, and how."""
+#: A step of making or dropping the cluster failed; the message says which, and how.
+ClusterError = PgToolError
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,7 @@ class CitusCluster:
 
     def start(self) -> None:
         version = self.postgres_version()
-        library = Path(self._run("pg_config", "--pkglibdir").strip()) / "citus.so"
+        library = Path(run_tool("pg_config", "--pkglibdir").strip()) / "citus.so"
         if not library.exists():
             raise ClusterError(
                 f"{library} is not there: install the citus extension for PostgreSQL {version} "
@@ -70,8 +68,8 @@ class CitusCluster:
             )
         for name, port in zip(self.names, self.ports, strict=True):
             options = [arg for setting in _SETTINGS for arg in ("-o", setting)]
-            self._run("pg_createcluster", version, name, "-p", str(port), *options, *_TRUST)
-            self._run("pg_ctlcluster", "--skip-systemctl-redirect", version, name, "start")
+            run_tool("pg_createcluster", version, name, "-p", str(port), *options, *_TRUST)
+            run_tool("pg_ctlcluster", "--skip-systemctl-redirect", version, name, "start")
         for port in self.ports:
             self._sql(port, "CREATE EXTENSION IF NOT EXISTS citus")
         self._sql(self.port, f"SELECT citus_set_coordinator_host('{HOST}', {self.port})")
@@ -83,30 +81,16 @@ class CitusCluster:
         version = self.postgres_version()
         problems = []
         for name in reversed(self.names):
-            done = subprocess.run(
-                ["pg_dropcluster", "--stop", version, name],
-                capture_output=True,
-                text=True,
-                timeout=_COMMAND_TIMEOUT,
-                check=False,
-            )
-            if done.returncode != 0 and "does not exist" not in done.stderr:
-                problems.append(f"pg_dropcluster {name}: {done.stderr.strip()}")
+            try:
+                run_tool("pg_dropcluster", "--stop", version, name)
+            except PgToolError as exc:
+                if "does not exist" not in str(exc):
+                    problems.append(str(exc))
         if problems:
             raise ClusterError("; ".join(problems))
 
     def postgres_version(self) -> str:
-        if self.version:
-            return self.version
-        for tool in ("pg_createcluster", "pg_ctlcluster", "pg_dropcluster", "pg_config"):
-            if shutil.which(tool) is None:
-                raise ClusterError(
-                    f"{tool} is not on PATH: install PostgreSQL and its cluster tools "
-                    "(apt-get install postgresql postgresql-server-dev-all)"
-                )
-        return sorted(
-            os.listdir("/usr/lib/postgresql"), key=lambda v: [int(p) for p in v.split(".")]
-        )[-1]
+        return self.version or newest_postgres("pg_config")
 
     def _sql(self, port: int, statement: str) -> None:
         engine = sa.create_engine(
@@ -127,23 +111,6 @@ class CitusCluster:
                     time.sleep(0.2)
         finally:
             engine.dispose()
-
-    @staticmethod
-    def _run(*command: str) -> str:
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=_COMMAND_TIMEOUT,
-            check=False,
-            env={**os.environ, "LC_ALL": "C.UTF-8"},
-        )
-        if done.returncode != 0:
-            raise ClusterError(
-                f"`{' '.join(command)}` exited {done.returncode}: "
-                f"{(done.stderr or done.stdout).strip()[-2000:]}"
-            )
-        return done.stdout
 
 
 # --- databases on a running cluster ------------------------------------------------------
