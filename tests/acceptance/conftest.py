@@ -88,6 +88,27 @@ def shop(pg_url: str) -> ModuleType:
     return module
 
 
+@pytest.fixture(autouse=True)
+def no_message_of_an_earlier_test(request: pytest.FixtureRequest) -> None:
+    """A test that uses the shop starts with its Redis queue empty. A worker that stops
+    puts back the messages it held (a retry waiting for its countdown), and the next test's
+    worker would run them: a step of another test's run, against this test's database.
+    Within a test nothing is emptied: a restarted worker finds what a killed one left."""
+    if "shop" not in request.fixturenames:
+        return
+    import redis
+
+    client = redis.Redis.from_url(BROKERS["redis"][0])
+    try:
+        # The queue and its priority lists; kombu's bindings stay, for a running worker.
+        for key in client.scan_iter(match=f"{QUEUE}*"):
+            client.delete(key)
+    except redis.ConnectionError:
+        return  # the shop fixture says Redis is missing, in the way the suite says it
+    finally:
+        client.close()
+
+
 @dataclass
 class Worker:
     broker: str
