@@ -435,11 +435,18 @@ class PikkuBackend(BaseBackend):
         self._ensure_not_eager()
         clock = _Clock(timeout, interval)
         away = _Away()
+        waited = False
         with self._watch([task_id]) as watch:
             while True:
                 meta = away.look(lambda: self.get_task_meta(task_id))
                 if meta is not None and meta["status"] in states.READY_STATES:
+                    if on_interval and not waited:
+                        # Redis's wait looks at the parents at least once, even for a
+                        # result that was ready at the first look: a chord's failed header
+                        # task raises its own error whenever the caller came to get().
+                        away.look(on_interval)
                     return meta
+                waited = True
                 nap = away.nap(clock, watch.pushes)
                 if nap is None:
                     raise CeleryTimeout(away.says("The operation timed out.", clock))
