@@ -372,20 +372,6 @@ def test_get_raises_the_failed_header_tasks_own_error(
             sent.get(timeout=60)
 
 
-@pytest.mark.parametrize("body", ["task", "chain"])
-def test_get_after_the_chord_ended_raises_the_failed_header_tasks_own_error(
-    results: tuple[ModuleType, Worker], body: str
-) -> None:
-    # A caller that comes after the body's ChordError is stored gets the header task's
-    # error too: get() looks at the parents before and while it waits.
-    app, _ = results
-    tail = app.total.s() if body == "task" else chain(app.total.s(), app.identity.s())
-    sent: Any = chord([app.refuse.s("mittens"), app.add.s(1, 1)], tail).apply_async()
-    wait_until(sent.ready, timeout=30, what="the chord's body ended")
-    with pytest.raises(KeyError, match="no mittens"):
-        sent.get(timeout=30)
-
-
 def test_a_chain_in_the_header_failing_before_its_last_task_fails_the_body(
     results: tuple[ModuleType, Worker],
 ) -> None:
