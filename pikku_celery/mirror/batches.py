@@ -30,7 +30,7 @@ from pikku_celery.mirror.events import AttemptEnded, AttemptSucceeded, MirrorEve
 from pikku_celery.mirror.journal import Journal, JournalEntry
 from pikku_celery.mirror.ordering import Holds, overdue, waits_for_its_step
 from pikku_celery.mirror.outage import Outage, an_outage
-from pikku_celery.store import FiredChord, WorkflowStore
+from pikku_celery.store import BatchResult, FiredChord, PartlyWritten, WorkflowStore
 
 __all__ = ["BATCH_SIZE", "BatchWriter", "ChordsFired", "Committed"]
 
@@ -183,15 +183,24 @@ class BatchWriter:
         try:
             result = store.batches.apply_batch(plan([i.pending for i in items]))
         except Exception as exc:
-            if an_outage(exc):
-                raise
+            failure = exc
+            if isinstance(exc, PartlyWritten):
+                # Pieces of the batch committed before one failed: the chords they claimed
+                # fire now (applied again, the batch claims them no more). Every event
+                # stays in its journal, and the batch is applied again whole.
+                self._acted_on(exc.written)
+                failure = exc.cause
+            if an_outage(failure):
+                if failure is exc:
+                    raise
+                raise failure from failure.__cause__
             if len(items) > 1:  # a poison event: split until it is alone
                 # Each half in order: what the first left waiting holds the second's back.
                 half = len(items) // 2
                 self._write_in_order(items[:half], time.time())
                 self._write_in_order(items[half:], time.time())
                 return
-            self._deferral.put_aside(items[0].journal, items[0].entry, _reason(exc))
+            self._deferral.put_aside(items[0].journal, items[0].entry, _reason(failure))
             self._left(items[0].journal, items)
             return
         committed = time.time()
@@ -204,6 +213,10 @@ class BatchWriter:
             self.written += len(done)
             self.lags.extend(committed - i.event.at for i in done)
         self.batches += 1
+        self._acted_on(result)
+
+    def _acted_on(self, result: BatchResult) -> None:
+        """After COMMIT: the runs to replay, the chords to fire."""
         if result.replay:
             self._committed(result.replay)
         if result.fired:

@@ -7,6 +7,7 @@ from here, never from the store's modules (``make check`` holds them to it).
 from __future__ import annotations
 
 from pikku_celery.store.attempts import NewRun
+from pikku_celery.store.batch_pieces import KeyGroups, PartlyWritten
 from pikku_celery.store.codec import error_document
 from pikku_celery.store.common import ErrorLike, now
 from pikku_celery.store.engine import (
@@ -19,6 +20,7 @@ from pikku_celery.store.engine import (
     same_database,
 )
 from pikku_celery.store.mirror_batch import (
+    BatchResult,
     ChordWrite,
     FiredChord,
     Handover,
@@ -72,15 +74,18 @@ __all__ = [
     "WAIT_RPC",
     "AttemptCount",
     "AttemptTotals",
+    "BatchResult",
     "ChordWrite",
     "ErrorLike",
     "FiredChord",
     "Handover",
+    "KeyGroups",
     "MirrorBatch",
     "NewRun",
     "NewStep",
     "OpenAttempt",
     "OpenStepCounts",
+    "PartlyWritten",
     "PruneCount",
     "ReplicaLag",
     "ResultWatch",

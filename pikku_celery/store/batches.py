@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from pikku_celery.durations import format_duration
 from pikku_celery.errors import InvalidDuration, InvalidStatus
 from pikku_celery.store import sql
+from pikku_celery.store.batch_pieces import KeyGroups, PartlyWritten, pieces
 from pikku_celery.store.batch_writes import Later
 from pikku_celery.store.common import like_prefix, new_id
 from pikku_celery.store.connector import Connector
@@ -89,16 +90,54 @@ class Batches:
         for transition in batch.transitions:
             if transition.status not in TRANSITION_STATUSES:
                 raise InvalidStatus("attempt", transition.status, TRANSITION_STATUSES)
-        with self._db.writers_in_turn(conn), self._db.write(conn) as c:
-            result = self._apply(c, batch, commit=conn is None)
         if conn is not None:
-            return result
+            with self._db.write(conn) as c:
+                return self._apply(c, batch, commit=False)
+        groups = self._db.key_groups
+        result = self._commit(batch) if groups is None else self._commit_pieces(batch, groups)
         # Its chords and results were counted before the other batches' of the moment
         # committed: looked at again now, the chords they complete fire (``settle``).
-        groups = [h.group_id for h in batch.chords] + [g for g, _ in batch.chord_parts]
+        chords = [h.group_id for h in batch.chords] + [g for g, _ in batch.chord_parts]
         ready = [r.task_id for r in batch.results if r.status in sql.results.READY_STATES]
-        late = self._results.settle(groups, ready)
+        late = self._results.settle(chords, ready)
         return dataclasses.replace(result, fired=(*result.fired, *late)) if late else result
+
+    def _commit(self, batch: MirrorBatch) -> BatchResult:
+        with self._db.writers_in_turn(None), self._db.write(None) as c:
+            self._db.layout.learn(c)
+            return self._apply(c, batch, commit=True)
+
+    def _commit_pieces(self, batch: MirrorBatch, groups: KeyGroups) -> BatchResult:
+        """The batch in one transaction per group of keys (``batch_pieces``), in order; a
+        failure after one committed is :class:`PartlyWritten`, with what those did."""
+        named = {t.step_id for t in batch.transitions} | {o.step_id for o in batch.outcomes}
+        named |= {h.step_id for h in batch.handovers}
+        run_of = {s.step_id: s.run_id for s in batch.steps}
+        lookup = sorted(named - set(run_of))
+        if lookup:
+            with self._db.read(None) as c:
+                for step_id, _, run_id, _ in self._sql.known_steps(c, lookup):
+                    run_of[step_id] = run_id
+        cut = pieces(batch, run_of, groups)
+        if len(cut.first) + len(cut.then) <= 1:
+            return self._commit(batch)
+        written = BatchResult(frozenset(), ())
+        committed = 0
+        try:
+            for piece in cut.first:
+                written = _joined(written, self._commit(piece))
+                committed += 1
+            for piece in cut.then:
+                # A result waits with its step, which its run's piece found missing.
+                piece.results = [r for r in piece.results if r.task_id not in written.missing]
+                if piece.results:
+                    written = _joined(written, self._commit(piece))
+                committed += 1
+        except Exception as exc:
+            if not committed:
+                raise
+            raise PartlyWritten(written, exc) from exc
+        return written
 
     def prune_deliveries(self, before: dt.datetime) -> int:
         """Forget counted deliveries older than ``before`` (a journal older than that is
@@ -440,3 +479,8 @@ class Batches:
             )
         self._db.run_many(c, self._open_chord, claims)
         return rows
+
+
+def _joined(first: BatchResult, then: BatchResult) -> BatchResult:
+    replay = (*first.replay, *(r for r in then.replay if r not in first.replay))
+    return BatchResult(first.missing | then.missing, replay, (*first.fired, *then.fired))

@@ -27,6 +27,7 @@ from pikku_celery.errors import (
     StoreUnavailable,
 )
 from pikku_celery.schema import migrate
+from pikku_celery.store.batch_pieces import KeyGroups
 from pikku_celery.store.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, error_document
 from pikku_celery.store.common import ErrorLike, sqlite_value
 from pikku_celery.store.dialect import Dialect, dialect_named
@@ -37,6 +38,7 @@ from pikku_celery.store.engine import (
     sqlite_file,
     sqlite_path_hint,
 )
+from pikku_celery.store.shards import CitusShards, DistributedLayout
 
 __all__ = ["Connector"]
 
@@ -91,6 +93,21 @@ class Connector:
         self._locked_write: Callable[[], AbstractContextManager[sa.Connection]] = (
             self._begin_immediate if self.sql.one_writer else self._begin
         )
+        self.layout = DistributedLayout(self.engine, distributable=self.sql.distributable)
+        self._shards = CitusShards(self)
+        self._groups: KeyGroups | None = None
+
+    @property
+    def key_groups(self) -> KeyGroups | None:
+        """How a batch is cut into pieces, one transaction per group of keys: by shard where
+        the tables are distributed (Citus), else not at all (None)."""
+        if self._groups is not None:
+            return self._groups
+        return self._shards if self.layout.distributed else None
+
+    def split_batches_by(self, groups: KeyGroups | None) -> None:
+        """Cut every batch by ``groups`` from now on (None: as the layout says)."""
+        self._groups = groups
 
     def __repr__(self) -> str:
         return f"Connector({safe_url(self.engine.url)!r})"

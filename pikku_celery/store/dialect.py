@@ -51,6 +51,9 @@ class Dialect(ABC):
     #: Each statement is a round trip to a server: a lone statement runs in autocommit,
     #: one trip instead of three (BEGIN, the statement, COMMIT).
     networked: ClassVar[bool]
+    #: Its tables may be distributed over servers by key (Citus): a batch then commits in
+    #: one transaction per group of keys (``store/shards.py``).
+    distributable: ClassVar[bool]
     #: JSON text may hold ``\u0000``.
     json_allows_nul: ClassVar[bool]
     #: Now, in seconds since the epoch, as leases are kept.
@@ -126,6 +129,7 @@ class PostgreSQL(Dialect):
     # Row locks: writers go in at once.
     one_writer = False
     networked = True
+    distributable = True
     # jsonb refuses it.
     json_allows_nul = False
     # The server's clock: one clock for every machine of the cluster. When the statement
@@ -170,6 +174,7 @@ class SQLite(Dialect):
     name = "sqlite"
     one_writer = True
     networked = False
+    distributable = False
     json_allows_nul = True
     # The caller's clock: the database is on one machine.
     clock = sa.bindparam("now", type_=sa.Float())

@@ -61,6 +61,7 @@ __all__ = [
     "runs_held_by_unsent_bodies",
     "schedule_lone_steps_pg",
     "settle_runs_pg",
+    "shards_of_keys",
     "steps_present",
     "steps_present_pg",
     "uncount_deliveries",
@@ -512,4 +513,13 @@ hand_over_attempt: Final = (
         history.c.replaced_by.is_(None),
     )
     .values(replaced_by=P("replaced_by"))
+)
+
+
+#: Where the tables are distributed (Citus): the shard of each key. Every distributed table
+#: is in one co-location group, hashed alike, so a key's shard of the runs' table names its
+#: group in every table.
+shards_of_keys: Final = sa.text(
+    "SELECT k, get_shard_id_for_distribution_column('workflow_runs', k) "
+    "FROM unnest(CAST(:keys AS text[])) AS k"
 )

@@ -5,7 +5,9 @@ table it reads or writes (``schema/distribution.py``), so it runs where those
 keys live. The routing test (``tests/integration/test_routing.py``) runs every
 statement a workload sends against a copy of the schema hash-partitioned by those
 keys and fails on one that touches more partitions than its keys, unless it is
-named here. A statement is named as ``module.attribute`` of ``store/sql``.
+named here. A statement is named as ``module.attribute`` of ``store/sql``. The
+mirror's batches are judged as the flusher sends them on a distributed layout: one
+transaction per group of keys (``store/batch_pieces.py``).
 """
 
 from __future__ import annotations
@@ -61,7 +63,6 @@ NOT_YET_KEYED: Final[dict[str, str]] = {
     "batches.complete_runs_pg": "reads each run's steps and chords in subqueries tied to the "
     "run row, which a planner does not prune by the runs named (naming them in each costs a "
     "probe per run named)",
-    "batches.lock_runs_pg": _LOCKS_ACROSS,
     "claims.get_step": _STEP_BY_ID,
     "prune.lock_batch": _LOCKS_ACROSS,
 }
