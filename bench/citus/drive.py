@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
 import statistics
 import tempfile
 import time
@@ -220,7 +221,14 @@ def drive(cluster: CitusCluster, argv: Sequence[str]) -> int:
         "get() p50 ms | p99 ms | open runs / steps | deadlock lines |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    # Each shard count in a process of its own: a process's mirror is set up once, for the
+    # first app it installs, and would go on writing to that app's database.
+    spawn = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="citus-drive-") as folder:
         for shards in args.shards:
-            _one(cluster, shards, args, Path(folder))
+            one = spawn.Process(target=_one, args=(cluster, shards, args, Path(folder)))
+            one.start()
+            one.join()
+            if one.exitcode:
+                return one.exitcode
     return 0

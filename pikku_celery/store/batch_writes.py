@@ -172,7 +172,13 @@ class PostgresWrites:
             self._set(later, sql.batches.settle_runs_pg, rows, run_ids=ids)
         if complete:
             rows = [{"run_id": run_id, "now": at} for run_id, at in complete.items()]
-            self._set(later, sql.batches.complete_runs_pg, rows, run_ids=sorted(complete))
+            # A batch cut by shard names its runs in every subquery: one shard's update.
+            complete_runs = (
+                sql.batches.complete_runs_pg
+                if self._db.key_groups is None
+                else sql.batches.complete_runs_keyed_pg
+            )
+            self._set(later, complete_runs, rows, run_ids=sorted(complete))
 
     def send(self, c: sa.Connection, later: Later, *, commit: bool = False) -> None:
         self._db.pipelined(c, later, commit=commit)

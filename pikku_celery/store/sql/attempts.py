@@ -484,8 +484,12 @@ touch_run: Final = (
 )
 
 
-def completion() -> tuple[Any, Any]:
+def completion(among: Any = None) -> tuple[Any, Any]:
     """The completion check of a run row and its output, reading only that run's rows.
+
+    ``among``: the runs a statement names (a bound parameter), named again in every
+    subquery, so a distributed database runs them on those runs' shards only (where each
+    is tied to the run row alone, it runs them on every shard).
 
     ``(all_steps_succeeded, last_result)``: every step of the run has succeeded and no
     chord of it waits for its body (whether a chord's body is written, which may be in
@@ -496,15 +500,21 @@ def completion() -> tuple[Any, Any]:
     member).
     """
     own, leaf, child = steps.alias("own"), steps.alias("leaf"), steps.alias("child")
+
+    def keyed(run_id: Any) -> Any:
+        return () if among is None else (run_id == sa.any_(among),)
+
     is_lone_task = sa.exists().where(
         own.c.workflow_run_id == runs.c.workflow_run_id,
         own.c.workflow_step_id == runs.c.workflow_run_id,
+        *keyed(own.c.workflow_run_id),
     )
     own_result = (
         sa.select(own.c.result)
         .where(
             own.c.workflow_run_id == runs.c.workflow_run_id,
             own.c.workflow_step_id == runs.c.workflow_run_id,
+            *keyed(own.c.workflow_run_id),
         )
         .scalar_subquery()
     )
@@ -512,9 +522,11 @@ def completion() -> tuple[Any, Any]:
         sa.select(leaf.c.result)
         .where(
             leaf.c.workflow_run_id == runs.c.workflow_run_id,
+            *keyed(leaf.c.workflow_run_id),
             ~sa.exists().where(
                 child.c.workflow_run_id == leaf.c.workflow_run_id,
                 child.c.from_step_name == leaf.c.step_name,
+                *keyed(child.c.workflow_run_id),
             ),
         )
         .order_by(leaf.c.created_at.desc(), leaf.c.workflow_step_id.desc())
@@ -524,10 +536,12 @@ def completion() -> tuple[Any, Any]:
     done = sa.and_(
         ~sa.exists().where(
             steps.c.workflow_run_id == runs.c.workflow_run_id,
+            *keyed(steps.c.workflow_run_id),
             steps.c.status != inline_text("succeeded"),
         ),
         ~sa.exists().where(
             chords.c.workflow_run_id == runs.c.workflow_run_id,
+            *keyed(chords.c.workflow_run_id),
             # Text on both databases: ``'true'`` is how each spells the flag as text.
             sa.cast(chords.c.body_written, sa.Text) != inline_text("true"),
         ),

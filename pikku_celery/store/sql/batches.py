@@ -45,6 +45,7 @@ from pikku_celery.store.sql.attempts import (
 from pikku_celery.store.sql.spelling import Parameter, Upsert
 
 __all__ = [
+    "complete_runs_keyed_pg",
     "complete_runs_pg",
     "count_deliveries",
     "count_deliveries_pg",
@@ -442,6 +443,21 @@ complete_runs_pg: Final = (
         _done,
     )
     .values(status="completed", output=_output, error=None, updated_at=completing.c.now)
+)
+
+# Where batches are cut by shard (``store/batch_pieces.py``): the runs named in every
+# subquery too, so a distributed database runs the update on their one shard, not all.
+_keyed_done, _keyed_output = completion(P("run_ids", type_=_TEXTS))
+
+complete_runs_keyed_pg: Final = (
+    sa.update(runs)
+    .where(
+        runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
+        runs.c.workflow_run_id == (keyed_rows := _rows("completing", _RUN_ROWS)).c.run_id,
+        still_going,
+        _keyed_done,
+    )
+    .values(status="completed", output=_keyed_output, error=None, updated_at=keyed_rows.c.now)
 )
 
 settle_runs_pg: Final = (

@@ -7,7 +7,9 @@ statement a workload sends against a copy of the schema hash-partitioned by thos
 keys and fails on one that touches more partitions than its keys, unless it is
 named here. A statement is named as ``module.attribute`` of ``store/sql``. The
 mirror's batches are judged as the flusher sends them on a distributed layout: one
-transaction per group of keys (``store/batch_pieces.py``).
+transaction per group of keys (``store/batch_pieces.py``), a run's completion naming its
+runs in every subquery (``batches.complete_runs_keyed_pg``; ``complete_runs_pg``, which
+does not, is sent only where the tables are not distributed).
 """
 
 from __future__ import annotations
@@ -60,9 +62,6 @@ _STEP_BY_ID = "finds a step by its id alone; steps are split by run"
 _LOCKS_ACROSS = "locks rows (FOR UPDATE) of many runs at once, across shards"
 
 NOT_YET_KEYED: Final[dict[str, str]] = {
-    "batches.complete_runs_pg": "reads each run's steps and chords in subqueries tied to the "
-    "run row, which a planner does not prune by the runs named (naming them in each costs a "
-    "probe per run named)",
     "claims.get_step": _STEP_BY_ID,
     "prune.lock_batch": _LOCKS_ACROSS,
 }
