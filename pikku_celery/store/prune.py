@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import sqlalchemy as sa
 
@@ -111,15 +111,32 @@ class Pruning:
             "limit": limit,
             **sql.prune.status_params(chosen),
         }
+        groups = self._db.key_groups if conn is None else None
         with self._db.locked_write(conn) as c:
             candidates = list(c.execute(sql.prune.oldest_prunable(len(chosen)), params).scalars())
             if not candidates:
                 return PruneCount()
-            ids = list(c.execute(sql.prune.lock_batch, {**params, "ids": candidates}).scalars())
-            if not ids:
-                return PruneCount()
-            children = c.execute(sql.prune.count_batch_children, {"ids": ids}).one()
-            deleted = c.execute(sql.prune.delete_runs, {**params, "ids": ids}).rowcount
+            if groups is None:
+                return self._delete(c, params, candidates)
+        # Distributed: each shard's runs locked and deleted in a transaction of their own, as
+        # a database that locks rows on one shard per statement needs.
+        by_group: dict[int, list[str]] = {}
+        for run_id, group in groups(candidates).items():
+            by_group.setdefault(group, []).append(run_id)
+        total = PruneCount()
+        for group in sorted(by_group):
+            with self._db.locked_write(None) as c:
+                total += self._delete(c, params, sorted(by_group[group]))
+        return total
+
+    @staticmethod
+    def _delete(c: sa.Connection, params: dict[str, Any], candidates: list[str]) -> PruneCount:
+        """Lock the candidates still prunable (skipping those another holds), delete them."""
+        ids = list(c.execute(sql.prune.lock_batch, {**params, "ids": candidates}).scalars())
+        if not ids:
+            return PruneCount()
+        children = c.execute(sql.prune.count_batch_children, {"ids": ids}).one()
+        deleted = c.execute(sql.prune.delete_runs, {**params, "ids": ids}).rowcount
         return PruneCount(deleted, int(children.steps), int(children.attempts))
 
     def prune(

@@ -326,3 +326,22 @@ def test_the_flusher_fires_what_committed_pieces_claimed_and_keeps_every_event(
     finally:
         mirror.close()
         store.close()
+
+
+def test_prune_on_a_distributed_layout_deletes_one_groups_runs_at_a_time(
+    two_stores: tuple[WorkflowStore, WorkflowStore],
+) -> None:
+    # Locking runs on several shards in one statement is refused by Citus: each group's
+    # runs are locked and deleted in a transaction of their own, and the counts add up.
+    split, whole = two_stores
+    work = Workload()
+    for store in (split, whole):
+        store.batches.apply_batch(work.setup())
+        store.batches.apply_batch(work.batch())
+    split.db.split_batches_by(Placed(work.groups))
+    later = now() + dt.timedelta(days=1)
+    assert split.count_prunable(later) == whole.count_prunable(later)
+    pruned, at_once = split.prune(later), whole.prune(later)
+    assert pruned == at_once
+    assert pruned.runs == 5
+    assert rows(split)["runs"] == rows(whole)["runs"] == []

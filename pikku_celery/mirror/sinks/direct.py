@@ -16,7 +16,7 @@ import threading
 from pikku_celery.mirror.apply import Pending, plan
 from pikku_celery.mirror.events import MirrorEvent
 from pikku_celery.mirror.sink import AfterCommit, EventSink, SinkStats
-from pikku_celery.store import WorkflowStore
+from pikku_celery.store import BatchResult, PartlyWritten, WorkflowStore
 
 __all__ = ["DirectSink"]
 
@@ -30,9 +30,17 @@ class DirectSink:
         self._written = 0
 
     def append(self, event: MirrorEvent) -> None:
-        result = self.store.batches.apply_batch(plan([Pending(0, event)]))
+        try:
+            result = self.store.batches.apply_batch(plan([Pending(0, event)]))
+        except PartlyWritten as partly:
+            # What the pieces that committed claimed is acted on; the error is the caller's.
+            self._acted_on(partly.written)
+            raise partly.cause from partly.cause.__cause__
         with self._lock:
             self._written += 1
+        self._acted_on(result)
+
+    def _acted_on(self, result: BatchResult) -> None:
         if result.replay:
             self.after.committed(result.replay)
         if result.fired:

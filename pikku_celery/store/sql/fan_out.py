@@ -59,9 +59,7 @@ FAN_OUT: Final[dict[str, str]] = {
 #: Not keyed yet: each touches more partitions than its keys today, with why. The
 #: routing test fails when one of these routes (take it off) so this only shrinks.
 _STEP_BY_ID = "finds a step by its id alone; steps are split by run"
-_LOCKS_ACROSS = "locks rows (FOR UPDATE) of many runs at once, across shards"
 
 NOT_YET_KEYED: Final[dict[str, str]] = {
     "claims.get_step": _STEP_BY_ID,
-    "prune.lock_batch": _LOCKS_ACROSS,
 }
