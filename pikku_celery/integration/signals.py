@@ -26,7 +26,7 @@ from pikku_celery.integration.backend import AppChords, executed, executing
 from pikku_celery.integration.installed import Installed, installed_on, registry
 from pikku_celery.integration.run_context import RunContext, current_run
 from pikku_celery.integration.task import retry_policy
-from pikku_celery.mirror import PublishedStep
+from pikku_celery.mirror import PublishedStep, process_id
 from pikku_celery.store import NewRun, error_document
 
 __all__ = [
@@ -216,20 +216,6 @@ def _eta_seconds(value: Any) -> float | None:
     """A request's ETA in seconds since the epoch (Celery gives an ISO string)."""
     moment = _eta(value)
     return None if moment is None else moment.timestamp()
-
-
-class _ProcessId:
-    """This process's id, read again only after a fork (``os.getpid`` is a system call)."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        os.register_at_fork(after_in_child=self._forked)
-
-    def _forked(self) -> None:
-        self.pid = os.getpid()
-
-
-_PID: Final = _ProcessId()
 
 
 def _seconds(value: Any) -> float | None:
@@ -477,7 +463,7 @@ def task_prerun(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any
         step_id,
         attempt,
         worker=request.hostname,
-        pid=_PID.pid,
+        pid=process_id(),
         adoption=adoption,
         # A replacement carries the attempt on: not one more delivery of its message.
         delivery=continued is None,

@@ -22,6 +22,7 @@ from pikku_celery.mirror.events import (
     result_stored,
 )
 from pikku_celery.mirror.flusher import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL
+from pikku_celery.mirror.forks import process_id
 from pikku_celery.mirror.journal import (
     ENV_JOURNAL_DIR,
     SUFFIX,
@@ -76,6 +77,7 @@ __all__ = [
     "journaled_steps",
     "orphaned_journals",
     "probe_folder",
+    "process_id",
     "result_stored",
     "unserialisable",
     "unserved_journals",
