@@ -44,9 +44,13 @@ def _version() -> str:
 
 @dataclass
 class OwnCluster:
-    """A fresh PostgreSQL cluster on ``port`` for a ``with``: made, started, dropped."""
+    """A fresh PostgreSQL cluster on ``port`` for a ``with``: made, started, dropped.
+
+    ``name``: the cluster's own (each bench that makes one names its own, so two
+    benches running at once never drop each other's)."""
 
     port: int
+    name: str = _NAME
     version: str = ""
 
     @property
@@ -59,10 +63,10 @@ class OwnCluster:
         # Left over by a bench that was killed: dropped, so the cluster starts empty.
         self._drop()
         _run(
-            "pg_createcluster", self.version, _NAME, "-p", str(self.port),
+            "pg_createcluster", self.version, self.name, "-p", str(self.port),
             "--", "--auth-local=trust", "--auth-host=trust",
         )  # fmt: skip
-        _run("pg_ctlcluster", "--skip-systemctl-redirect", self.version, _NAME, "start")
+        _run("pg_ctlcluster", "--skip-systemctl-redirect", self.version, self.name, "start")
         self._wait_ready()
         return self
 
@@ -76,7 +80,7 @@ class OwnCluster:
 
     def _drop(self) -> None:
         subprocess.run(
-            ["pg_dropcluster", "--stop", self.version, _NAME],
+            ["pg_dropcluster", "--stop", self.version, self.name],
             capture_output=True,
             timeout=_TIMEOUT,
             check=False,
