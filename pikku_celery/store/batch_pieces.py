@@ -15,14 +15,15 @@ forward-only and idempotent, so a batch whose later piece failed is applied agai
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from pikku_celery.errors import StoreError
 from pikku_celery.store.mirror_batch import BatchResult, MirrorBatch
 
-__all__ = ["KeyGroups", "PartlyWritten", "Pieces", "pieces"]
+__all__ = ["Elsewhere", "KeyGroups", "PartlyWritten", "Pieces", "pieces"]
 
 
 class KeyGroups(Protocol):
@@ -47,11 +48,26 @@ class PartlyWritten(StoreError):
 
 @dataclass(frozen=True, slots=True)
 class Pieces:
-    """``first``: one piece per group, in group order; ``then``: the results whose step's
-    run is in another group, one piece per group, written after all of ``first``."""
+    """``first``: one piece per group, in group order, each with the runs whose rows it
+    writes; ``then``: the results whose step's run is in another group, one piece per
+    group, written after all of ``first``."""
 
-    first: list[MirrorBatch]
+    first: list[tuple[MirrorBatch, frozenset[str]]]
     then: list[MirrorBatch]
+
+
+@dataclass(slots=True)
+class Elsewhere:
+    """Runs a piece found to end that are another group's (a chord's header tasks' runs,
+    released or failed by its body's step): ended after the pieces, a group at a time.
+    ``waiting``: runs with a new step that could not be written, which none completes."""
+
+    complete: dict[str, dt.datetime] = field(default_factory=dict)
+    settle: dict[str, dict[str, Any]] = field(default_factory=dict)
+    waiting: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.complete or self.settle)
 
 
 def pieces(batch: MirrorBatch, run_of: Mapping[str, str], groups: KeyGroups) -> Pieces:
@@ -72,6 +88,7 @@ def pieces(batch: MirrorBatch, run_of: Mapping[str, str], groups: KeyGroups) -> 
     group_of = groups(sorted(keys))
     first: dict[int, MirrorBatch] = {}
     then: dict[int, MirrorBatch] = {}
+    runs: dict[int, set[str]] = {}
 
     def piece(key: str, into: dict[int, MirrorBatch] = first) -> MirrorBatch:
         group = group_of[key]
@@ -80,14 +97,18 @@ def pieces(batch: MirrorBatch, run_of: Mapping[str, str], groups: KeyGroups) -> 
             found = into[group] = MirrorBatch()
         return found
 
+    def run_piece(run_id: str) -> MirrorBatch:
+        runs.setdefault(group_of[run_id], set()).add(run_id)
+        return piece(run_id)
+
     for step in batch.steps:
-        piece(step.run_id).steps.append(step)
+        run_piece(step.run_id).steps.append(step)
     for transition in batch.transitions:
-        piece(run_key(transition.step_id)).transitions.append(transition)
+        run_piece(run_key(transition.step_id)).transitions.append(transition)
     for outcome in batch.outcomes:
-        piece(outcome.run_id or run_key(outcome.step_id)).outcomes.append(outcome)
+        run_piece(outcome.run_id or run_key(outcome.step_id)).outcomes.append(outcome)
     for handover in batch.handovers:
-        piece(run_key(handover.step_id)).handovers.append(handover)
+        run_piece(run_key(handover.step_id)).handovers.append(handover)
     stepped = {s.step_id for s in batch.steps} | {t.step_id for t in batch.transitions}
     stepped |= {o.step_id for o in batch.outcomes}
     for result in batch.results:
@@ -101,4 +122,7 @@ def pieces(batch: MirrorBatch, run_of: Mapping[str, str], groups: KeyGroups) -> 
         piece(added[0]).chord_parts.append(added)
     for sent in batch.chords_sent:
         piece(sent[0]).chords_sent.append(sent)
-    return Pieces([first[g] for g in sorted(first)], [then[g] for g in sorted(then)])
+    return Pieces(
+        [(first[g], frozenset(runs.get(g, ()))) for g in sorted(first)],
+        [then[g] for g in sorted(then)],
+    )

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from pikku_celery.durations import format_duration
 from pikku_celery.errors import InvalidDuration, InvalidStatus
 from pikku_celery.store import sql
-from pikku_celery.store.batch_pieces import KeyGroups, PartlyWritten, pieces
+from pikku_celery.store.batch_pieces import Elsewhere, KeyGroups, PartlyWritten, pieces
 from pikku_celery.store.batch_writes import Later
 from pikku_celery.store.common import like_prefix, new_id
 from pikku_celery.store.connector import Connector
@@ -102,10 +102,15 @@ class Batches:
         late = self._results.settle(chords, ready)
         return dataclasses.replace(result, fired=(*result.fired, *late)) if late else result
 
-    def _commit(self, batch: MirrorBatch) -> BatchResult:
+    def _commit(
+        self,
+        batch: MirrorBatch,
+        own: frozenset[str] | None = None,
+        elsewhere: Elsewhere | None = None,
+    ) -> BatchResult:
         with self._db.writers_in_turn(None), self._db.write(None) as c:
             self._db.layout.learn(c)
-            return self._apply(c, batch, commit=True)
+            return self._apply(c, batch, commit=True, own=own, elsewhere=elsewhere)
 
     def _commit_pieces(self, batch: MirrorBatch, groups: KeyGroups) -> BatchResult:
         """The batch in one transaction per group of keys (``batch_pieces``), in order; a
@@ -119,13 +124,12 @@ class Batches:
                 for step_id, _, run_id, _ in self._sql.known_steps(c, lookup):
                     run_of[step_id] = run_id
         cut = pieces(batch, run_of, groups)
-        if len(cut.first) + len(cut.then) <= 1:
-            return self._commit(batch)
         written = BatchResult(frozenset(), ())
+        elsewhere = Elsewhere()
         committed = 0
         try:
-            for piece in cut.first:
-                written = _joined(written, self._commit(piece))
+            for piece, own in cut.first:
+                written = _joined(written, self._commit(piece, own, elsewhere))
                 committed += 1
             for piece in cut.then:
                 # A result waits with its step, which its run's piece found missing.
@@ -133,6 +137,8 @@ class Batches:
                 if piece.results:
                     written = _joined(written, self._commit(piece))
                 committed += 1
+            if elsewhere:
+                self._end_elsewhere(elsewhere, groups)
         except Exception as exc:
             if not committed:
                 raise
@@ -147,7 +153,34 @@ class Batches:
 
     # --- the steps of one batch ---------------------------------------------------
 
-    def _apply(self, c: sa.Connection, batch: MirrorBatch, *, commit: bool) -> BatchResult:
+    def _end_elsewhere(self, elsewhere: Elsewhere, groups: KeyGroups) -> None:
+        """End the runs the pieces found to end in other groups, a group per transaction."""
+        complete = {
+            run_id: at
+            for run_id, at in elsewhere.complete.items()
+            if run_id not in elsewhere.waiting and run_id not in elsewhere.settle
+        }
+        group_of = groups(sorted(set(complete) | set(elsewhere.settle)))
+        for group in sorted(set(group_of.values())):
+            with self._db.writers_in_turn(None), self._db.write(None) as c:
+                later: Later = []
+                self._sql.write_outcomes(
+                    c,
+                    {run_id: at for run_id, at in complete.items() if group_of[run_id] == group},
+                    [row for run_id, row in elsewhere.settle.items() if group_of[run_id] == group],
+                    later,
+                )
+                self._sql.send(c, later, commit=True)
+
+    def _apply(
+        self,
+        c: sa.Connection,
+        batch: MirrorBatch,
+        *,
+        commit: bool,
+        own: frozenset[str] | None = None,
+        elsewhere: Elsewhere | None = None,
+    ) -> BatchResult:
         """Write what the batch can and report the steps it misses (nothing of theirs is
         written). What waits for what is the caller's to decide, but for three rules that
         need the rows this transaction finds: a new step after its run and the step it
@@ -206,7 +239,7 @@ class Batches:
         # lost a name race) is not done, whatever its written steps say: a chain's next
         # link is published before the success of the link that sends it.
         waiting = {s.run_id for s in batch.steps if s.step_id in missing}
-        replay = self._write_outcomes(c, outcomes, known, waiting, released, later)
+        replay = self._write_outcomes(c, outcomes, known, waiting, released, later, own, elsewhere)
         self._sql.send(c, later, commit=commit)
         return BatchResult(frozenset(missing), tuple(replay), tuple(fired))
 
@@ -411,7 +444,12 @@ class Batches:
         waiting: set[str],
         released: dict[str, dt.datetime],
         later: Later,
+        own: frozenset[str] | None = None,
+        elsewhere: Elsewhere | None = None,
     ) -> list[str]:
+        """The runs these outcomes end, settled or completed; returns the runs to replay.
+        A piece of a batch cut by key group (``own``: its runs) leaves the ends of other
+        groups' runs to ``elsewhere``: one statement locks rows on one shard only."""
         complete = {run_id: at for run_id, at in released.items() if run_id not in waiting}
         settle: dict[str, dict[str, Any]] = {}
         replay: list[str] = []
@@ -432,6 +470,13 @@ class Batches:
         for row in self._unsent_bodies(c, outcomes, known, later):
             settle.setdefault(row["run_id"], row)
             complete.pop(row["run_id"], None)
+        if own is not None and elsewhere is not None:
+            elsewhere.waiting |= waiting
+            for run_id in [r for r in complete if r not in own]:
+                at = complete.pop(run_id)
+                elsewhere.complete[run_id] = max(at, elsewhere.complete.get(run_id, at))
+            for run_id in [r for r in settle if r not in own]:
+                elsewhere.settle.setdefault(run_id, settle.pop(run_id))
         self._sql.write_outcomes(c, complete, list(settle.values()), later)
         return replay
 

@@ -9,6 +9,7 @@ own error, raised by the driver at the first statement after the chosen COMMIT.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Collection, Iterator, Mapping
@@ -345,3 +346,70 @@ def test_prune_on_a_distributed_layout_deletes_one_groups_runs_at_a_time(
     assert pruned == at_once
     assert pruned.runs == 5
     assert rows(split)["runs"] == rows(whole)["runs"] == []
+
+
+def test_a_chord_body_releases_header_runs_of_other_groups_one_group_at_a_time(
+    two_stores: tuple[WorkflowStore, WorkflowStore],
+) -> None:
+    # Each header task is a run of its own; the first written holds the chord open until
+    # its body is written, in the run of the header task that ended last, in another group.
+    # That task's end and the body's publish come in one batch: the last run completes in
+    # its group's piece, the held one in a transaction of its own group (a distributed
+    # database locks rows of one shard per statement).
+    split, whole = two_stores
+    first, second, body = (str(uuid.uuid4()) for _ in range(3))
+    headers = MirrorBatch(
+        steps=[
+            dataclasses.replace(lone_step(step_id, "add"), chord_body=body)
+            for step_id in (first, second)
+        ],
+        transitions=[ended(first, 1, f"d-{first}")],
+        outcomes=[RunOutcome(first, first, "complete", at(3))],
+    )
+    last = MirrorBatch(
+        steps=[
+            NewStep(
+                run_id=second,
+                step_id=body,
+                step_name="total",
+                rpc_name="shop.total",
+                data_json="[]",
+                at=at(4),
+                parent_step_id=second,
+            )
+        ],
+        transitions=[ended(second, 1, f"d-{second}")],
+        outcomes=[RunOutcome(second, second, "complete", at(3))],
+    )
+    for store in (split, whole):
+        store.batches.apply_batch(headers)
+        assert store.get_run(first).status == "running"  # held by its chord
+    groups = {first: 0, second: 1, body: 1}
+    split.db.split_batches_by(Placed(groups))
+    locks: list[set[int]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
+        if "FOR NO KEY UPDATE" in statement or "FOR UPDATE" in statement:
+            locks.append({groups[v] for v in _strings(parameters) if v in groups})
+
+    sa.event.listen(split.engine, "before_cursor_execute", record)
+    try:
+        split.batches.apply_batch(last)
+    finally:
+        sa.event.remove(split.engine, "before_cursor_execute", record)
+    whole.batches.apply_batch(last)
+    assert split.get_run(first).status == "completed"
+    assert rows(split) == rows(whole)
+    if split.engine.dialect.name == "postgresql":
+        assert locks == [{1}, {0}]
+
+
+def _strings(parameters: Any) -> Iterator[str]:
+    if isinstance(parameters, str):
+        yield parameters
+    elif isinstance(parameters, dict):
+        for value in parameters.values():
+            yield from _strings(value)
+    elif isinstance(parameters, list | tuple):
+        for value in parameters:
+            yield from _strings(value)
