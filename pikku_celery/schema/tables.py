@@ -357,13 +357,14 @@ workflow_step_history = sa.Table(
         name="fk_workflow_step_history_step",
         ondelete="CASCADE",
     ),
+    # The key every read of a step's attempts goes by (revision 0015 dropped the index
+    # that only repeated its leading columns).
     sa.UniqueConstraint(
         "workflow_run_id",
         "workflow_step_id",
         "attempt",
         name="workflow_step_history_step_attempt_unique",
     ),
-    sa.Index("idx_workflow_step_history_step", "workflow_run_id", "workflow_step_id", "created_at"),
 )
 
 workflow_versions = sa.Table(

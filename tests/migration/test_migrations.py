@@ -22,8 +22,8 @@ from pikku_celery.store.models import seconds_of
 from tests.conftest import PgServer
 from tests.support import transitions
 
+# The attempts have none of their own: their unique key serves every read (revision 0015).
 EXPECTED_INDEXES = {
-    "workflow_step_history": ["workflow_run_id", "workflow_step_id", "created_at"],
     "workflow_runs": ["status", "created_at"],
     "workflow_step": ["workflow_run_id", "status"],
     "pikku_celery_chords": ["body_id"],
@@ -485,4 +485,29 @@ def test_a_chord_half_done_before_0014_fires_once_after_the_upgrade(empty_url: s
     assert finish("p3") == []
     assert finish("p2") == ["g1"]
     assert finish("p2") == []  # delivered again: fired once
+    store.close()
+
+
+def test_0015_drops_the_attempts_step_index_and_its_downgrade_makes_it_again(
+    empty_url: str,
+) -> None:
+    store = WorkflowStore(empty_url)
+    migrate.upgrade(store.engine, "0014")
+    run_id = store.create_run("checkout", {})
+    transitions.schedule(store, run_id, "charge", step_id="s1")
+    transitions.start(store, "s1")
+
+    def indexes() -> dict[str, list[str]]:
+        found = sa.inspect(store.engine).get_indexes("workflow_step_history")
+        return {str(index["name"]): [str(c) for c in index["column_names"]] for index in found}
+
+    step_index = ["workflow_run_id", "workflow_step_id", "created_at"]
+    assert indexes()["idx_workflow_step_history_step"] == step_index
+    migrate.upgrade(store.engine, "0015")
+    assert "idx_workflow_step_history_step" not in indexes()
+    transitions.succeed(store, "s1", 1, "paid")
+    migrate.downgrade(store.engine, "0014")
+    assert indexes()["idx_workflow_step_history_step"] == step_index
+    attempts = [(a.step_name, a.attempt, a.status) for a in store.get_run_history(run_id)]
+    assert attempts == [("charge", 1, "succeeded")]
     store.close()
