@@ -111,8 +111,9 @@ class Pruning:
             "limit": limit,
             **sql.prune.status_params(chosen),
         }
-        groups = self._db.key_groups if conn is None else None
         with self._db.locked_write(conn) as c:
+            self._db.layout.learn(c)  # a process that only prunes has written no batch
+            groups = self._db.key_groups if conn is None else None
             candidates = list(c.execute(sql.prune.oldest_prunable(len(chosen)), params).scalars())
             if not candidates:
                 return PruneCount()
