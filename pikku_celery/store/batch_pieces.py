@@ -72,10 +72,16 @@ class Elsewhere:
 
 def pieces(batch: MirrorBatch, run_of: Mapping[str, str], groups: KeyGroups) -> Pieces:
     """``batch`` cut by ``groups``; ``run_of``: the run of each step the batch names (a
-    step not there is keyed by its own id: it is reported missing whichever piece has it)."""
+    step not there is keyed by the run its outcome names, else by its own id: it is
+    reported missing whichever piece has it)."""
+
+    # A step the batch's lookup did not find (its publish committed a moment later) goes
+    # with the run its outcome names: its attempt's end and its run's completion check in
+    # one transaction, or the check could run before the end it waits for is written.
+    runs_named = {o.step_id: o.run_id for o in batch.outcomes if o.run_id is not None}
 
     def run_key(step_id: str) -> str:
-        return run_of.get(step_id, step_id)
+        return run_of.get(step_id) or runs_named.get(step_id) or step_id
 
     keys = {s.run_id for s in batch.steps}
     keys |= {run_key(t.step_id) for t in batch.transitions}
