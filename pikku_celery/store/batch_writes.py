@@ -127,7 +127,9 @@ class PostgresWrites:
             calls.append(
                 (
                     sql.batches.schedule_lone_steps_pg,
-                    {"rows": _array(list(lone.values())), "run_ids": sorted(lone)},
+                    # In key order: two batches writing the same lone tasks (their
+                    # publisher's and their worker's) wait for one another, never deadlock.
+                    {"rows": _array([lone[k] for k in sorted(lone)]), "run_ids": sorted(lone)},
                 )
             )
         if deliveries:
