@@ -6,6 +6,7 @@ import datetime as dt
 import uuid
 
 from pikku_celery import WorkflowStore
+from pikku_celery.store import MirrorBatch, NewStep, StepTransition
 from pikku_celery.store.attempts import NewRun
 from tests.support import transitions
 from tests.support.steps import LOST, running_step
@@ -132,3 +133,48 @@ def test_stale_scheduled_lists_old_messages_but_not_ones_held_back_on_purpose(
     assert step_id in stale and later_step not in stale
     assert (stale[step_id].step_name, stale[step_id].attempt) == ("a", 1)
     assert step_id not in [s.step_id for s in store.reaping.stale_scheduled(older_than=3600)]
+
+
+def test_the_same_start_written_again_leaves_a_lost_attempt_lost(store: WorkflowStore) -> None:
+    # A worker killed between its batch's COMMIT and its journal's checkpoint: the process
+    # that adopts the journal writes the start again, after the reaper gave the attempt up.
+    # Only a delivery counted now (a redelivery) moves a lost attempt on.
+    step_id = str(uuid.uuid4())
+    at = dt.datetime.now(dt.timezone.utc)
+    published = NewStep(
+        run_id=step_id,
+        step_id=step_id,
+        step_name="charge",
+        rpc_name="shop.charge",
+        data_json="[1]",
+        at=at,
+        run_workflow="shop.charge",
+        run_input_json="[1]",
+        run_wire_json='{"type":"task"}',
+    )
+
+    def start(delivery: str, worker: str) -> MirrorBatch:
+        moment = dt.datetime.now(dt.timezone.utc)
+        running = StepTransition(
+            step_id,
+            1,
+            "running",
+            moment,
+            running_at=moment,
+            worker=worker,
+            pid=7,
+            task_id=step_id,
+            delivery_ids=(delivery,),
+        )
+        return MirrorBatch(transitions=[running])
+
+    store.batches.apply_batch(MirrorBatch(steps=[published]))
+    first = start("d1", "w1@host")
+    store.batches.apply_batch(first)
+    assert store.reaping.mark_lost(step_id, 1, 1, LOST)
+    store.batches.apply_batch(first)  # the adopted journal's copy of the same start
+    [attempt] = store.get_run_history(step_id)
+    assert (attempt.status, attempt.delivery_count, attempt.worker) == ("lost", 1, "w1@host")
+    store.batches.apply_batch(start("d2", "w2@host"))  # a redelivery
+    [attempt] = store.get_run_history(step_id)
+    assert (attempt.status, attempt.delivery_count, attempt.worker) == ("running", 2, "w2@host")

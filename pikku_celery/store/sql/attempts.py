@@ -394,6 +394,14 @@ def attempt_upsert(insert: Any, status: str) -> Insert:
     ended = stamp if status in _TERMINAL else None
     excluded = insert.excluded
     forward = ranked_below(history.c.status, status)
+    if status == "running":
+        # A lost attempt moves on to running only with a delivery counted now (a redelivery):
+        # the same start written again (the journal of a worker killed between its COMMIT
+        # and its checkpoint, adopted after the reaper gave the attempt up) leaves it lost.
+        forward = sa.and_(
+            forward,
+            sa.or_(history.c.status != inline_text("lost"), excluded.delivery_count > _ZERO),
+        )
 
     def if_forward(column: str) -> sa.ColumnElement[Any]:
         return sa.case((forward, excluded[column]), else_=history.c[column])
