@@ -47,8 +47,14 @@ def test_a_database_that_never_answers_fails_no_task(
         result = shop.charge.delay({"order": 4}, fail_times=1)
         assert result.get(timeout=30) == {"charged": True, "order": {"order": 4}}
         assert shop.add.delay(2, 3).get(timeout=30) == 5
+        # The events wait in the spool: the node's flusher says so when its write fails,
+        # which may come after the tasks' own lines.
+        wait_until(
+            lambda: "keeping mirror events in" in worker.log.read_text(),
+            timeout=15,
+            what="the flusher to say where the events wait",
+        )
         log = worker.log.read_text()
-        assert "keeping mirror events in" in log  # the events wait in the spool
         assert "s3cret" not in log
         assert "succeeded in" in log  # Celery's own line: the task itself went fine
         assert "raised unexpected" not in log
