@@ -66,10 +66,13 @@ def failing_after(store: WorkflowStore, commits: int) -> Iterator[list[int]]:
     def committed(conn: Any) -> None:
         seen[0] += 1
 
-    def execute(conn: Any, *args: Any) -> None:
+    def execute(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
         if seen[0] == commits and not seen[1]:
             seen[1] += 1
-            raise conn.dialect.loaded_dbapi.OperationalError("the server closed the connection")
+            # Wrapped as SQLAlchemy wraps the driver's own errors (not every version wraps
+            # one raised by a listener).
+            lost = conn.dialect.loaded_dbapi.OperationalError("the server closed the connection")
+            raise sa.exc.OperationalError(statement, parameters, lost)
 
     sa.event.listen(store.engine, "commit", committed)
     sa.event.listen(store.engine, "before_cursor_execute", execute)
