@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
 import socket
@@ -103,6 +104,16 @@ def no_message_of_an_earlier_test(request: pytest.FixtureRequest) -> None:
         # The queue and its priority lists; kombu's bindings stay, for a running worker.
         for key in client.scan_iter(match=f"{QUEUE}*"):
             client.delete(key)
+        # And the messages a killed worker held unacknowledged for this queue: the next
+        # worker to start restores them (kombu's ``unacked`` hash, shared by every queue).
+        for tag, entry in client.hgetall("unacked").items():
+            try:
+                routing_key = json.loads(entry)[2]
+            except (ValueError, IndexError, TypeError):
+                continue
+            if str(routing_key).startswith(QUEUE):
+                client.hdel("unacked", tag)
+                client.zrem("unacked_index", tag)
     except redis.ConnectionError:
         return  # the shop fixture says Redis is missing, in the way the suite says it
     finally:
