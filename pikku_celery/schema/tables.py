@@ -268,6 +268,9 @@ workflow_runs = sa.Table(
     sa.Column("wire", JsonText),
     sa.Column("created_at", UtcDateTime, nullable=False, server_default=_now),
     sa.Column("updated_at", UtcDateTime, nullable=False, server_default=_now),
+    # Added by revision 0016: the day (UTC) the run was made, copied to every row of it;
+    # the partitioned layout range-partitions by it (``schema/partitions.py``).
+    sa.Column("run_day", sa.Date),
     sa.Index("idx_workflow_runs_status_created", "status", "created_at"),
     sa.Index("idx_workflow_runs_workflow_created", "workflow", "created_at"),
 )
@@ -304,6 +307,7 @@ workflow_step = sa.Table(
     sa.Column("routing", JsonText),
     sa.Column("created_at", UtcDateTime, nullable=False, server_default=_now),
     sa.Column("updated_at", UtcDateTime, nullable=False, server_default=_now),
+    sa.Column("run_day", sa.Date),  # revision 0016: its run's day
     sa.PrimaryKeyConstraint("workflow_run_id", "workflow_step_id", name="pk_workflow_step"),
     sa.UniqueConstraint("workflow_run_id", "step_name", name="workflow_step_run_name_unique"),
     sa.Index("idx_workflow_step_run_status", "workflow_run_id", "status"),
@@ -350,6 +354,7 @@ workflow_step_history = sa.Table(
     # to its step through it (a step's attempts share its run's shard; deleting the run
     # still deletes them).
     sa.Column("workflow_run_id", sa.Text, nullable=False),
+    sa.Column("run_day", sa.Date),  # revision 0016: its run's day
     sa.PrimaryKeyConstraint("workflow_run_id", "history_id", name="pk_workflow_step_history"),
     sa.ForeignKeyConstraint(
         ["workflow_run_id", "workflow_step_id"],
@@ -392,6 +397,7 @@ mirror_deliveries = sa.Table(
     # before it, whose run nothing told, carry ``''``). No foreign key: the ledger is
     # forgotten by age, and a delivery is counted in the statement that writes its step.
     sa.Column("workflow_run_id", sa.Text, nullable=False),
+    sa.Column("run_day", sa.Date),  # revision 0016: its run's day
     sa.PrimaryKeyConstraint("workflow_run_id", "event_id", name="pk_pikku_celery_deliveries"),
     sa.Index("idx_pikku_celery_deliveries_created", "created_at"),
 )
@@ -433,6 +439,7 @@ run_events = sa.Table(
     sa.Column("sent_at", UtcDateTime, nullable=False),
     sa.Column("taken_by_step_id", sa.Text),
     sa.Column("taken_at", UtcDateTime),
+    sa.Column("run_day", sa.Date),  # revision 0016: its run's day
     sa.PrimaryKeyConstraint("workflow_run_id", "event_id", name="pk_pikku_celery_run_events"),
     sa.Index("idx_pikku_celery_run_events_run_name", "workflow_run_id", "name", "sent_at"),
 )
@@ -456,6 +463,7 @@ chords = sa.Table(
     # Added by revision 0013: the body's step is written (set when it is), so whether a
     # run may complete is read from the run's own rows, never from another run's steps.
     sa.Column("body_written", Flag, nullable=False, server_default=sa.false()),
+    sa.Column("run_day", sa.Date),  # revision 0016: its run's day
     # Keyed by its run first since revision 0013 (the key serves the run's lookups).
     sa.PrimaryKeyConstraint("workflow_run_id", "body_id", name="pk_pikku_celery_chords"),
     sa.Index("idx_pikku_celery_chords_body", "body_id"),

@@ -52,7 +52,8 @@ _same_step = sa.and_(
 
 insert_run: Final = sa.insert(runs)
 
-_RUN_COLUMNS: Final = tuple(runs.c)
+# What a run is to its readers: Pikku's columns (its day only places its rows).
+_RUN_COLUMNS: Final = tuple(c for c in runs.c if c.name != "run_day")
 
 get_run: Final = sa.select(*_RUN_COLUMNS).where(runs.c.workflow_run_id == P("run_id"))
 
