@@ -100,6 +100,7 @@ TABLES = (
     "pikku_celery_leases",
     "pikku_celery_run_events",
     "pikku_celery_chords",
+    "pikku_celery_deliveries",
     "pikku_celery_results",
     "pikku_celery_groups",
     "pikku_celery_result_chords",

@@ -112,7 +112,9 @@ class Attempts:
                 if params["run_id"] is None:
                     raise StepNotFound(step_id=step_id)
                 for statement in self._db.sql.record_attempt(status):
-                    self._db.run(c, statement, params)
+                    written = self._db.run(c, statement, params).rowcount
+                if not written:  # the attempt is written beside its step's row
+                    raise StepNotFound(step_id=step_id)
         except StoreError as exc:
             if isinstance(exc.__cause__, sa_exc.IntegrityError):
                 raise StepNotFound(step_id=step_id) from exc.__cause__

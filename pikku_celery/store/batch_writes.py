@@ -43,7 +43,9 @@ class BatchWrites(Protocol):
 
     def known_steps(self, c: sa.Connection, step_ids: list[str]) -> Iterable[Any]: ...
 
-    def known_runs(self, c: sa.Connection, run_ids: list[str]) -> set[str]: ...
+    def known_runs(self, c: sa.Connection, run_ids: list[str]) -> dict[str, dt.date | None]:
+        """The runs of these ids that exist, with their days."""
+        ...
 
     def steps_present(
         self, c: sa.Connection, run_ids: list[str], step_ids: list[str]
@@ -91,8 +93,8 @@ class PostgresWrites:
     def known_steps(self, c: sa.Connection, step_ids: list[str]) -> Iterable[Any]:
         return c.execute(sql.batches.known_steps_pg, {"step_ids": step_ids})
 
-    def known_runs(self, c: sa.Connection, run_ids: list[str]) -> set[str]:
-        return set(c.execute(sql.batches.known_runs_pg, {"run_ids": run_ids}).scalars())
+    def known_runs(self, c: sa.Connection, run_ids: list[str]) -> dict[str, dt.date | None]:
+        return {str(r[0]): r[1] for r in c.execute(sql.batches.known_runs_pg, {"run_ids": run_ids})}
 
     def steps_present(self, c: sa.Connection, run_ids: list[str], step_ids: list[str]) -> set[str]:
         params = {"run_ids": run_ids, "step_ids": step_ids}
@@ -205,8 +207,8 @@ class SqliteWrites:
     def known_steps(self, c: sa.Connection, step_ids: list[str]) -> Iterable[Any]:
         return c.execute(sql.batches.known_steps, {"step_ids": step_ids})
 
-    def known_runs(self, c: sa.Connection, run_ids: list[str]) -> set[str]:
-        return set(c.execute(sql.batches.known_runs, {"run_ids": run_ids}).scalars())
+    def known_runs(self, c: sa.Connection, run_ids: list[str]) -> dict[str, dt.date | None]:
+        return {str(r[0]): r[1] for r in c.execute(sql.batches.known_runs, {"run_ids": run_ids})}
 
     def steps_present(self, c: sa.Connection, run_ids: list[str], step_ids: list[str]) -> set[str]:
         params = {"run_ids": run_ids, "step_ids": step_ids}
@@ -231,6 +233,7 @@ class SqliteWrites:
                 "wire": r["run_wire"],
                 "created_at": r["now"],
                 "updated_at": r["now"],
+                "run_day": r["run_day"],
             }
             for r in rows
             if r["run_workflow"] is not None

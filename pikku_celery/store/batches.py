@@ -23,7 +23,7 @@ from pikku_celery.errors import InvalidDuration, InvalidStatus
 from pikku_celery.store import sql
 from pikku_celery.store.batch_pieces import Elsewhere, KeyGroups, PartlyWritten, pieces
 from pikku_celery.store.batch_writes import Later
-from pikku_celery.store.common import like_prefix, new_id
+from pikku_celery.store.common import like_prefix, new_id, run_day
 from pikku_celery.store.connector import Connector
 from pikku_celery.store.mirror_batch import (
     TRANSITION_STATUSES,
@@ -40,6 +40,10 @@ from pikku_celery.store.results import Results
 __all__ = ["Batches"]
 
 logger = logging.getLogger(__name__)
+
+#: What the batch's one read tells of a step: its current attempt, its run, that run's
+#: ``wire`` (a durable workflow's or not) and its day.
+Known = tuple[int, str, Any, dt.date | None]
 
 
 # The steps this process warned of: a lone task's step is recorded by its worker and again
@@ -121,7 +125,7 @@ class Batches:
         lookup = sorted(named - set(run_of))
         if lookup:
             with self._db.read(None) as c:
-                for step_id, _, run_id, _ in self._sql.known_steps(c, lookup):
+                for step_id, _, run_id, _, _ in self._sql.known_steps(c, lookup):
                     run_of[step_id] = run_id
         cut = pieces(batch, run_of, groups)
         written = BatchResult(frozenset(), ())
@@ -190,27 +194,30 @@ class Batches:
         wanted = {t.step_id for t in batch.transitions} | {o.step_id for o in batch.outcomes}
         wanted |= {h.step_id for h in batch.handovers}
         wanted |= {s.parent_step_id for s in batch.steps if s.parent_step_id is not None}
-        known: dict[str, tuple[int, str, Any]] = {}
+        known: dict[str, Known] = {}
+        # The day of each run the batch writes rows of: every row of a run carries it.
+        days: dict[str, dt.date | None] = {}
         lookup = sorted(wanted - new_ids)
         if lookup:
-            for step_id, attempt, run_id, wire in self._sql.known_steps(c, lookup):
-                known[step_id] = (int(attempt or 1), run_id, wire)
+            for step_id, attempt, run_id, wire, day in self._sql.known_steps(c, lookup):
+                known[step_id] = (int(attempt or 1), run_id, wire, day)
+                days[run_id] = day
 
-        placed, missing = self._place_steps(c, batch.steps, known)
+        placed, missing = self._place_steps(c, batch.steps, known, days)
         # The deliveries of the transitions whose step is there or about to be are counted
         # with the steps' writes; those of a step that could not be written are taken back.
-        run_of = {step_id: run_id for step_id, (_, run_id, _) in known.items()}
+        run_of = {step_id: run_id for step_id, (_, run_id, _, _) in known.items()}
         run_of.update((s.step_id, s.run_id) for s in placed)
         unwritten, counted = self._write_steps(
-            c, placed, [t for t in batch.transitions if t.step_id in run_of], run_of
+            c, placed, [t for t in batch.transitions if t.step_id in run_of], run_of, days
         )
         missing |= unwritten
         written = [s for s in placed if s.step_id not in missing]
-        self._open_chords(c, written)
+        self._open_chords(c, written, days)
         released = self._released_runs(c, written)
         for step in placed:
             if step.step_id not in missing:
-                known.setdefault(step.step_id, (1, step.run_id, None))
+                known.setdefault(step.step_id, (1, step.run_id, None, days[step.run_id]))
 
         transitions = [t for t in batch.transitions if t.step_id in known]
         missing |= {t.step_id for t in batch.transitions if t.step_id not in known}
@@ -239,7 +246,9 @@ class Batches:
         # lost a name race) is not done, whatever its written steps say: a chain's next
         # link is published before the success of the link that sends it.
         waiting = {s.run_id for s in batch.steps if s.step_id in missing}
-        replay = self._write_outcomes(c, outcomes, known, waiting, released, later, own, elsewhere)
+        replay = self._write_outcomes(
+            c, outcomes, known, days, waiting, released, later, own, elsewhere
+        )
         self._sql.send(c, later, commit=commit)
         return BatchResult(frozenset(missing), tuple(replay), tuple(fired))
 
@@ -247,14 +256,23 @@ class Batches:
         self,
         c: sa.Connection,
         new: Sequence[NewStep],
-        known: dict[str, tuple[int, str, Any]],
+        known: dict[str, Known],
+        days: dict[str, dt.date | None],
     ) -> tuple[list[NewStep], set[str]]:
-        """The new steps that can be written now: their run and the step they follow exist."""
+        """The new steps that can be written now: their run and the step they follow exist.
+        Learns the day of each of their runs (``days``)."""
+        for s in new:
+            if s.run_workflow is not None:
+                # A run made with its step is filed under the day its publish stamped:
+                # its publisher and a worker that records it first both write that day.
+                days.setdefault(s.run_id, run_day(s.at))
         made_runs = {s.run_id for s in new if s.run_workflow is not None}
-        runs_needed = sorted({s.run_id for s in new if s.run_workflow is None} - made_runs)
-        existing_runs = made_runs
+        runs_needed = sorted({s.run_id for s in new if s.run_workflow is None} - set(days))
+        existing_runs = made_runs | (set(days) & {s.run_id for s in new})
         if runs_needed:
-            existing_runs = made_runs | self._sql.known_runs(c, runs_needed)
+            found = self._sql.known_runs(c, runs_needed)
+            days.update(found)
+            existing_runs |= set(found)
         placed: list[NewStep] = []
         missing: set[str] = set()
         present = set(known)
@@ -273,11 +291,12 @@ class Batches:
         placed: Sequence[NewStep],
         hopeful: Sequence[StepTransition],
         run_of: dict[str, str],
+        days: dict[str, dt.date | None],
     ) -> tuple[set[str], set[str]]:
         """Insert the steps and count the deliveries of the ``hopeful`` transitions; returns
         the ids of the steps that could not be written (a name race) and the deliveries
         counted now."""
-        deliveries = self._delivery_rows(hopeful, run_of)
+        deliveries = self._delivery_rows(hopeful, run_of, days)
         if not placed:
             return set(), self._sql.count_deliveries(c, deliveries) if deliveries else set()
         rows = [
@@ -300,15 +319,18 @@ class Batches:
                 "run_input": s.run_input_json,
                 "run_wire": s.run_wire_json,
                 "routing": s.routing_json,
+                "run_day": days[s.run_id],
             }
             for s in placed
         ]
         present, counted = self._sql.write_steps(c, rows, placed, deliveries)
         return self._not_written(c, placed, present), counted
 
-    def _open_chords(self, c: sa.Connection, written: Sequence[NewStep]) -> None:
+    def _open_chords(
+        self, c: sa.Connection, written: Sequence[NewStep], days: dict[str, dt.date | None]
+    ) -> None:
         rows = [
-            {"body_id": s.chord_body, "run_id": s.run_id, "now": s.at}
+            {"body_id": s.chord_body, "run_id": s.run_id, "now": s.at, "run_day": days[s.run_id]}
             for s in written
             if s.chord_body is not None
         ]
@@ -345,13 +367,16 @@ class Batches:
 
     @staticmethod
     def _delivery_rows(
-        transitions: Iterable[StepTransition], run_of: dict[str, str]
+        transitions: Iterable[StepTransition],
+        run_of: dict[str, str],
+        days: dict[str, dt.date | None],
     ) -> list[dict[str, Any]]:
         return [
             {
                 "workflow_run_id": run_of[t.step_id],
                 "event_id": event_id,
                 "created_at": t.running_at or t.at,
+                "run_day": days[run_of[t.step_id]],
             }
             for t in transitions
             for event_id in t.delivery_ids
@@ -378,7 +403,7 @@ class Batches:
         self,
         c: sa.Connection,
         transitions: Sequence[StepTransition],
-        known: dict[str, tuple[int, str, Any]],
+        known: dict[str, Known],
         counted: set[str],
         later: Later,
     ) -> None:
@@ -409,6 +434,7 @@ class Batches:
                     # Failed for good: none remain, as a reader counting attempts sees it.
                     "retries": attempt - 1 if t.gave_up else t.retries,
                     "retry_delay": None if t.gave_up else _delay_text(t.retry_delay, t.step_id),
+                    "run_day": known[t.step_id][3],
                 },
             )
         # One transition per attempt, so the order between statuses does not
@@ -420,7 +446,7 @@ class Batches:
         self,
         c: sa.Connection,
         handovers: Sequence[Handover],
-        known: dict[str, tuple[int, str, Any]],
+        known: dict[str, Known],
     ) -> None:
         # After the transitions: the replaced attempt's own start is in the same batch
         # or an earlier one (one process journals both, in order).
@@ -440,7 +466,8 @@ class Batches:
         self,
         c: sa.Connection,
         outcomes: Sequence[RunOutcome],
-        known: dict[str, tuple[int, str, Any]],
+        known: dict[str, Known],
+        days: dict[str, dt.date | None],
         waiting: set[str],
         released: dict[str, dt.datetime],
         later: Later,
@@ -454,7 +481,7 @@ class Batches:
         settle: dict[str, dict[str, Any]] = {}
         replay: list[str] = []
         for o in outcomes:
-            _, run_of_step, wire = known[o.step_id]
+            _, run_of_step, wire, _ = known[o.step_id]
             run_id = o.run_id or run_of_step
             if o.kind == "replay" or (o.run_id is None and run_kind(wire) == "workflow"):
                 if run_id not in replay:
@@ -467,7 +494,7 @@ class Batches:
                     run_id,
                     {"run_id": run_id, "new_status": o.kind, "error": o.error_json, "now": o.at},
                 )
-        for row in self._unsent_bodies(c, outcomes, known, later):
+        for row in self._unsent_bodies(c, outcomes, known, days, later):
             settle.setdefault(row["run_id"], row)
             complete.pop(row["run_id"], None)
         if own is not None and elsewhere is not None:
@@ -484,7 +511,8 @@ class Batches:
         self,
         c: sa.Connection,
         outcomes: Sequence[RunOutcome],
-        known: dict[str, tuple[int, str, Any]],
+        known: dict[str, Known],
+        days: dict[str, dt.date | None],
         later: Later,
     ) -> list[dict[str, Any]]:
         """The runs held open by chords whose header task ended for good: Celery fails such
@@ -505,9 +533,13 @@ class Batches:
         self._sql.send(c, later)  # it reads the steps the batch wrote
         held = c.execute(sql.batches.runs_held_by_unsent_bodies, {"body_ids": sorted(failed)})
         rows = []
+        holders = {body: o.run_id or known[o.step_id][1] for body, o in failed.items()}
+        unknown = sorted(set(holders.values()) - set(days))
+        if unknown:  # a run an outcome names that the batch wrote nothing else of
+            days.update(self._sql.known_runs(c, unknown))
         claims = [
-            {"body_id": body, "run_id": o.run_id or known[o.step_id][1], "now": o.at}
-            for body, o in sorted(failed.items())
+            {"body_id": body, "run_id": run_id, "now": failed[body].at, "run_day": days.get(run_id)}
+            for body, run_id in sorted(holders.items())
         ]
         for body_id, run_id in held.all():
             o = failed[body_id]

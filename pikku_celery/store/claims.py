@@ -80,6 +80,10 @@ class Claims:
             attempt[sql.attempts.TIMESTAMP_COLUMN[status] or "failed_at"] = timestamp
             attempt["delivery_count"] = 1
         with self._db.write(conn) as c:
+            # The run's rows carry its day: one read, by its key.
+            step["run_day"] = attempt["run_day"] = c.execute(
+                sql.runs.run_day_of, {"run_id": run_id}
+            ).scalar()
             if c.execute(self._db.sql.claim_step, step).first() is None:
                 return False
             c.execute(sql.attempts.insert_attempt, attempt)

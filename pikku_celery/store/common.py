@@ -20,6 +20,7 @@ __all__ = [
     "like_prefix",
     "new_id",
     "now",
+    "run_day",
     "run_statuses",
     "sqlite_value",
 ]
@@ -70,6 +71,11 @@ def like_prefix(text: str, suffix: str = "%") -> str:
     """A LIKE pattern (escape character ``\\``) matching ``text`` literally, then ``suffix``."""
     escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"{escaped}{suffix}"
+
+
+def run_day(made_at: dt.datetime) -> dt.date:
+    """The day a run made at ``made_at`` is filed under: its UTC date, on every writer."""
+    return made_at.astimezone(dt.timezone.utc).date()
 
 
 def new_id() -> str:

@@ -208,7 +208,7 @@ class SQLite(Dialect):
     def record_attempt(self, status: str) -> tuple[sa.Executable, ...]:
         return (
             sql.attempts.record_attempt_step(status),
-            sql.attempts.record_attempt(self.insert, status),
+            sql.attempts.record_attempt(self.insert, self._typed, status),
         )
 
     def next_attempt(self, status: str) -> tuple[sa.Executable, ...]:

@@ -8,7 +8,16 @@ import sqlalchemy as sa
 
 from pikku_celery.errors import InvalidStatus, RunNotFound, StepNotFound, UnreadableValue
 from pikku_celery.store import sql
-from pikku_celery.store.common import UNSET, ErrorLike, Unset, check_page, new_id, now, run_statuses
+from pikku_celery.store.common import (
+    UNSET,
+    ErrorLike,
+    Unset,
+    check_page,
+    new_id,
+    now,
+    run_day,
+    run_statuses,
+)
 from pikku_celery.store.connector import Connector
 from pikku_celery.store.models import RUN_STATUSES, StepAttempt, StepState, WorkflowRun
 
@@ -55,6 +64,7 @@ class Runs:
             "wire": None if wire is None else self._db.json(wire, "wire"),
             "created_at": timestamp,
             "updated_at": timestamp,
+            "run_day": run_day(timestamp),
         }
         with self._db.single(conn) as c:
             c.execute(sql.runs.insert_run, row)

@@ -14,7 +14,7 @@ from pikku_celery.errors import RunIdTaken, RunNotFound, RunSettled, StepNotFoun
 from pikku_celery.store import sql
 from pikku_celery.store.attempts import Attempts
 from pikku_celery.store.claims import Claims
-from pikku_celery.store.common import UNSET, ErrorLike, Unset, new_id, now
+from pikku_celery.store.common import UNSET, ErrorLike, Unset, new_id, now, run_day
 from pikku_celery.store.connector import Connector
 from pikku_celery.store.models import SETTLED_RUN_STATUSES, RunEvent
 
@@ -62,6 +62,7 @@ class Workflows:
             "wire": None if wire is None else self._db.json(wire, "wire"),
             "created_at": timestamp,
             "updated_at": timestamp,
+            "run_day": run_day(timestamp),
         }
         with self._db.write(conn) as c:
             if c.execute(self._db.sql.insert_run_if_absent, row).first() is not None:
@@ -216,7 +217,7 @@ class Workflows:
                 raise RunNotFound(run_id)
             if run.status in SETTLED_RUN_STATUSES:
                 raise RunSettled(run_id, run.status)
-            c.execute(sql.workflows.insert_event, row)
+            c.execute(sql.workflows.insert_event, {**row, "run_day": run.run_day})
         return str(row["event_id"])
 
     def take_event(self, run_id: str, step_id: str, attempt: int, name: str) -> tuple[bool, Any]:

@@ -263,17 +263,24 @@ class PartitionedCopy:
     def _split(self) -> None:
         c = self._conn
         c.execute(f'DROP SCHEMA IF EXISTS "{COMPAT_SCHEMA}" CASCADE')  # views of the tables
-        indexes: dict[str, list[tuple[str, bool, list[str]]]] = {}
+        indexes: dict[str, list[tuple[str, bool, list[str], str | None, str | None]]] = {}
         for table in DISTRIBUTED:
+            # With the constraint an index holds, if any: an upsert names its key by the
+            # constraint's name (``ON CONFLICT ON CONSTRAINT``), so the copy keeps it.
             indexes[table] = [
-                (definition, unique, columns)
-                for definition, unique, columns in c.execute(
+                (definition, unique, columns, constraint, kind)
+                for definition, unique, columns, constraint, kind in c.execute(
                     """
                     SELECT pg_get_indexdef(i.indexrelid), i.indisunique,
-                           array(SELECT a.attname FROM unnest(i.indkey) k
+                           array(SELECT a.attname FROM unnest(i.indkey) WITH ORDINALITY k(n, o)
                                  JOIN pg_attribute a
-                                   ON a.attrelid = i.indrelid AND a.attnum = k)
-                    FROM pg_index i WHERE i.indrelid = %s::regclass
+                                   ON a.attrelid = i.indrelid AND a.attnum = k.n
+                                 ORDER BY k.o),
+                           con.conname, con.contype
+                    FROM pg_index i
+                    LEFT JOIN pg_constraint con
+                      ON con.conindid = i.indexrelid AND con.conrelid = i.indrelid
+                    WHERE i.indrelid = %s::regclass
                     """,
                     (table,),
                 ).fetchall()
@@ -293,7 +300,14 @@ class PartitionedCopy:
         for table in DISTRIBUTED:
             c.execute(f'DROP TABLE "{table}_flat" CASCADE')
         for table, key in DISTRIBUTED.items():
-            for definition, unique, columns in indexes[table]:
+            for definition, unique, columns, constraint, kind in indexes[table]:
+                if constraint is not None and key in columns:
+                    c.execute(
+                        f'ALTER TABLE "{table}" ADD CONSTRAINT "{constraint}" '
+                        f"{'PRIMARY KEY' if kind == 'p' else 'UNIQUE'} "
+                        f"({', '.join(f'{column}' for column in columns)})"
+                    )
+                    continue
                 if unique and key not in columns:
                     # Citus, like a partitioned table, can keep no unique key without the
                     # distribution key: the index stays, not its uniqueness, and an ON

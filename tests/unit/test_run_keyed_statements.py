@@ -24,6 +24,10 @@ BOUND: Final = re.compile(r"%\(\w+\)s")
 _PG: Final = postgresql.dialect()  # type: ignore[no-untyped-call]
 
 
+def _typed(name: str, type_: Any) -> Any:
+    return sa.cast(sa.bindparam(name), type_)
+
+
 def _pg(statement: Any) -> str:
     return str(statement.compile(dialect=_PG))
 
@@ -35,8 +39,9 @@ def test_a_batchs_attempt_upsert_binds_nothing_in_its_conflict_clause(status: st
     conflict = sql[sql.index("ON CONFLICT") :]
     assert "DO UPDATE" in conflict
     assert BOUND.findall(conflict) == []
-    # The rows' values travel in the selected set: the conflict names the run first.
-    assert "ON CONFLICT (workflow_run_id, workflow_step_id, attempt)" in conflict
+    # The rows' values travel in the selected set; the conflict names the attempt's key,
+    # which leads with the run (and ends with its day on the partitioned layout).
+    assert "ON CONFLICT ON CONSTRAINT workflow_step_history_step_attempt_unique" in conflict
 
 
 @pytest.mark.parametrize("status", TRANSITION_STATUSES)
@@ -68,13 +73,16 @@ def test_a_write_addresses_its_step_by_its_run_and_never_looks_the_run_up_itself
     sql = _pg(attempts.record_attempt_pg("failed"))
     assert "workflow_step.workflow_run_id = %(run_id)s" in sql
     assert "coalesce(%(run_id)s" not in sql.lower()
-    assert "SELECT" not in sql.partition("UPDATE")[2].partition("RETURNING")[0]
+    # The step's update reads no other row; the attempt row is selected once, beside its
+    # step's row and by the step's key (where its run's day is), never by a lookup.
+    assert "SELECT" not in _pg(attempts.record_attempt_step("failed"))
+    assert sql.partition("INSERT INTO")[2].count("SELECT") == 1
 
 
 def test_statements_that_move_one_step_or_attempt_name_its_run() -> None:
     for statement in (
         attempts.record_attempt_step("running"),
-        attempts.record_attempt(postgresql.insert, "running"),
+        attempts.record_attempt(postgresql.insert, _typed, "running"),
         attempts.record_attempt_pg("running"),
         batches.hand_over_attempt,
         batches.uncount_deliveries,

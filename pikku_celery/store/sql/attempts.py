@@ -24,6 +24,7 @@ from pikku_celery.store.sql.runs import STEP_COLUMNS
 from pikku_celery.store.sql.spelling import Parameter, Upsert
 
 __all__ = [
+    "ATTEMPT_CONSTRAINT",
     "ATTEMPT_KEY",
     "TIMESTAMP_COLUMN",
     "Source",
@@ -48,6 +49,7 @@ __all__ = [
     "schedule_step",
     "schedule_step_pg",
     "settle_run",
+    "step_day",
     "step_moves",
     "step_policy",
     "step_run",
@@ -103,6 +105,10 @@ _TERMINAL: Final = ("succeeded", "failed", "cancelled")
 
 #: The unique key of an attempt row: its run first (revision 0013).
 ATTEMPT_KEY: Final = ["workflow_run_id", "workflow_step_id", "attempt"]
+#: That key by name, as PostgreSQL's upserts name it: the partitioned layout keeps the name
+#: and adds the partition key (``run_day``) to it, and an ``ON CONSTRAINT`` target holds on
+#: either layout where a column list would have to name the columns of one.
+ATTEMPT_CONSTRAINT: Final = "workflow_step_history_step_attempt_unique"
 _EXECUTION_COLUMNS: Final = ("task_id", "worker", "pid", "eta")
 _WHERE_IT_RAN: Final = ("worker", "pid")
 
@@ -120,8 +126,12 @@ def _typed(name: str, column: sa.Column[Any]) -> sa.ColumnElement[Any]:
 
 
 def insert_run_once(insert: Upsert) -> Insert:
-    """A run of its own for a lone task; a second publish of it changes nothing."""
-    statement: Insert = insert(runs).on_conflict_do_nothing(index_elements=["workflow_run_id"])
+    """A run of its own for a lone task; a second publish of it changes nothing.
+
+    No conflict target, here and in every ``DO NOTHING`` of a run-keyed table: the
+    partitioned layout's keys add the run's day, and any key the row repeats means the
+    row is there."""
+    statement: Insert = insert(runs).on_conflict_do_nothing()
     return statement
 
 
@@ -176,6 +186,7 @@ def schedule_step(insert: Upsert, typed: Parameter) -> Insert:
         "routing": typed("routing", steps.c.routing.type),
         "created_at": typed("now", steps.c.created_at.type),
         "updated_at": typed("now", steps.c.updated_at.type),
+        "run_day": typed("run_day", steps.c.run_day.type),
     }
     # SQLite needs a WHERE in INSERT ... SELECT ... ON CONFLICT to parse it.
     select = sa.select(*values.values()).where(sa.true())
@@ -207,6 +218,7 @@ def schedule_step_pg(with_run: bool) -> sa.Select[Any]:
         "eta": _typed("eta", history.c.eta),
         "task_id": _typed("task_id", history.c.task_id),
         "reason": sa.literal("first", sa.Text),
+        "run_day": _typed("run_day", history.c.run_day),
     }
     attempt = sa.insert(history).from_select(
         list(attempt_values), sa.select(*attempt_values.values()).select_from(step)
@@ -224,8 +236,9 @@ def schedule_step_pg(with_run: bool) -> sa.Select[Any]:
                 wire=P("run_wire"),
                 created_at=P("now"),
                 updated_at=P("now"),
+                run_day=P("run_day"),
             )
-            .on_conflict_do_nothing(index_elements=["workflow_run_id"])
+            .on_conflict_do_nothing()
         )
         query = query.add_cte(run.cte("run"))
     return query.add_cte(attempt.cte("attempt"))
@@ -243,8 +256,9 @@ def schedule_attempt(insert: Upsert) -> Insert:
         eta=P("eta"),
         task_id=P("task_id"),
         reason="first",
+        run_day=P("run_day"),
     )
-    statement: Insert = values.on_conflict_do_nothing(index_elements=ATTEMPT_KEY)
+    statement: Insert = values.on_conflict_do_nothing()
     return statement
 
 
@@ -356,18 +370,28 @@ run_of_step: Final = P("run_id", type_=sa.Text())
 #: The run of a step found by its id alone: one look before a write, for a caller that
 #: names only the step (the batches know each step's run and never send it).
 step_run: Final = (
-    sa.select(steps.c.workflow_run_id).where(steps.c.workflow_step_id == P("step_id")).limit(1)
+    sa.select(steps.c.workflow_run_id, steps.c.run_day)
+    .where(steps.c.workflow_step_id == P("step_id"))
+    .limit(1)
+)
+
+#: The day of a step whose run the caller names: the attempt rows it writes carry it.
+step_day: Final = sa.select(steps.c.run_day).where(
+    steps.c.workflow_run_id == P("run_id"), steps.c.workflow_step_id == P("step_id")
 )
 
 
-def attempt_values(status: str, v: Source = _bound) -> dict[str, Any]:
+def attempt_values(status: str, v: Source) -> dict[str, Any]:
+    """The attempt row an event writes, each value from ``v``: a batch's set of rows, or
+    typed parameters of one event. Not its run's day: the caller knows where that is (a
+    batch's rows carry it; one event reads it from its step's row)."""
     stamp = TIMESTAMP_COLUMN[status]
     values: dict[str, Any] = {
         "history_id": v("history_id"),
-        "workflow_run_id": v("run_id") if v is not _bound else run_of_step,
+        "workflow_run_id": v("run_id"),
         "workflow_step_id": v("step_id"),
         "attempt": v("attempt_no"),
-        "status": sa.literal(status, sa.Text) if v is not _bound else status,
+        "status": sa.literal(status, sa.Text),
         "created_at": v("now"),
         "task_id": v("task_id"),
         "worker": v("worker"),
@@ -455,27 +479,62 @@ def attempt_upsert(insert: Any, status: str) -> Insert:
             if column in _WHERE_IT_RAN
             else latest
         )
-    statement: Insert = insert.on_conflict_do_update(index_elements=ATTEMPT_KEY, set_=updates)
+    statement: Insert = (
+        insert.on_conflict_do_update(constraint=ATTEMPT_CONSTRAINT, set_=updates)
+        if isinstance(insert, postgresql.Insert)
+        else insert.on_conflict_do_update(index_elements=ATTEMPT_KEY, set_=updates)
+    )
     return statement
 
 
+# The type of each parameter of one event's attempt row, which INSERT ... SELECT spells.
+_EVENT_TYPES: Final[Mapping[str, Any]] = {
+    "history_id": history.c.history_id.type,
+    "run_id": history.c.workflow_run_id.type,
+    "step_id": history.c.workflow_step_id.type,
+    "attempt_no": history.c.attempt.type,
+    "now": history.c.created_at.type,
+    "scheduled_at": history.c.scheduled_at.type,
+    "running_at": history.c.running_at.type,
+    "ended_at": history.c.failed_at.type,
+    "result": history.c.result.type,
+    "error": history.c.error.type,
+    "task_id": history.c.task_id.type,
+    "worker": history.c.worker.type,
+    "pid": history.c.pid.type,
+    "eta": history.c.eta.type,
+    "reason": history.c.reason.type,
+    "deliveries": history.c.delivery_count.type,
+}
+
+
 @cache
-def record_attempt(insert: Upsert, status: str) -> Insert:
+def record_attempt(insert: Upsert, typed: Parameter, status: str) -> Insert:
     """Upsert attempt K's row (after :func:`record_attempt_step`, in one transaction).
 
     One statement records one event, or several events of the same attempt
     coalesced (``scheduled_at``/``running_at`` and the outcome's ``ended_at``
     each keep the time of their own event; ``deliveries`` is how many starts
-    it counts).
+    it counts). Selected beside its step's row, by the step's key: the row takes the
+    run's day from it, and nothing is written for a step that is not there (the
+    caller tells that from the count of rows).
     """
-    values = attempt_values(status)
-    return attempt_upsert(insert(history).values(**values), status)
+
+    def read(name: str) -> Any:
+        return typed(name, _EVENT_TYPES[name])
+
+    values = attempt_values(status, read)
+    values["run_day"] = steps.c.run_day
+    select = sa.select(*values.values()).where(
+        steps.c.workflow_run_id == run_of_step, steps.c.workflow_step_id == P("step_id")
+    )
+    return attempt_upsert(insert(history).from_select(list(values), select), status)
 
 
 @cache
 def record_attempt_pg(status: str) -> Insert:
     """:func:`record_attempt` with the step row's update riding along: one round trip."""
-    statement = record_attempt(postgresql.insert, status)
+    statement = record_attempt(postgresql.insert, _cast, status)
     return statement.add_cte(record_attempt_step(status).cte("step"))
 
 
@@ -596,9 +655,10 @@ def _retry_step_update(status: str) -> Update:
 @cache
 def retry_attempt_pg(status: str) -> sa.Select[Any]:
     """One round trip: the step moves to attempt n+1 and that attempt's row is added."""
-    step = _retry_step_update(status).returning(*STEP_COLUMNS).cte("step")
+    step = _retry_step_update(status).returning(*STEP_COLUMNS, steps.c.run_day).cte("step")
     values: dict[str, Any] = {
         "history_id": _typed("history_id", history.c.history_id),
+        "run_day": step.c.run_day,
         "workflow_run_id": step.c.workflow_run_id,
         "workflow_step_id": step.c.workflow_step_id,
         "attempt": step.c.current_attempt,
@@ -612,7 +672,7 @@ def retry_attempt_pg(status: str) -> sa.Select[Any]:
     add = sa.insert(history).from_select(
         list(values), sa.select(*values.values()).select_from(step)
     )
-    return sa.select(*step.c).add_cte(add.cte("attempt"))
+    return sa.select(*(step.c[c.name] for c in STEP_COLUMNS)).add_cte(add.cte("attempt"))
 
 
 @cache
@@ -621,6 +681,7 @@ def add_next_attempt(status: str) -> Insert:
     in the same transaction); nothing for a step that does not exist."""
     values: dict[str, Any] = {
         "history_id": P("history_id", type_=history.c.history_id.type),
+        "run_day": steps.c.run_day,
         "workflow_run_id": steps.c.workflow_run_id,
         "workflow_step_id": steps.c.workflow_step_id,
         "attempt": sa.func.coalesce(steps.c.current_attempt, 1) + 1,

@@ -71,13 +71,15 @@ __all__ = [
 P = sa.bindparam
 
 #: The steps a batch names, with what resolving an event needs: its current
-#: attempt and its run (and whether that run is a durable workflow's).
+#: attempt and its run (and whether that run is a durable workflow's), and the run's day,
+#: which every row the batch writes of that run carries.
 known_steps: Final = (
     sa.select(
         steps.c.workflow_step_id,
         steps.c.current_attempt,
         steps.c.workflow_run_id,
         runs.c.wire,
+        runs.c.run_day,
     )
     .join(runs, runs.c.workflow_run_id == steps.c.workflow_run_id)
     .where(steps.c.workflow_step_id.in_(P("step_ids", expanding=True)))
@@ -90,18 +92,14 @@ steps_present: Final = sa.select(steps.c.workflow_step_id).where(
     steps.c.workflow_step_id.in_(P("step_ids", expanding=True)),
 )
 
-known_runs: Final = sa.select(runs.c.workflow_run_id).where(
+known_runs: Final = sa.select(runs.c.workflow_run_id, runs.c.run_day).where(
     runs.c.workflow_run_id.in_(P("run_ids", expanding=True))
 )
 
 
 def count_deliveries(insert: Upsert) -> Insert:
     """Record delivery events by id; RETURNING gives the ones not counted before."""
-    statement: Insert = (
-        insert(deliveries)
-        .on_conflict_do_nothing(index_elements=["workflow_run_id", "event_id"])
-        .returning(deliveries.c.event_id)
-    )
+    statement: Insert = insert(deliveries).on_conflict_do_nothing().returning(deliveries.c.event_id)
     return statement
 
 
@@ -148,6 +146,7 @@ def open_chord(insert: Upsert, typed: Parameter) -> Insert:
         body_id,
         typed("run_id", sa.Text()),
         typed("now", chords.c.created_at.type),
+        typed("run_day", chords.c.run_day.type),
         sa.case(
             (written, sa.literal(True, chords.c.body_written.type)),
             else_=sa.literal(False, chords.c.body_written.type),
@@ -155,8 +154,10 @@ def open_chord(insert: Upsert, typed: Parameter) -> Insert:
     ).where(~sa.exists().where(_held.c.body_id == body_id))
     statement: Insert = (
         insert(chords)
-        .from_select(["body_id", "workflow_run_id", "created_at", "body_written"], select)
-        .on_conflict_do_nothing(index_elements=["workflow_run_id", "body_id"])
+        .from_select(
+            ["body_id", "workflow_run_id", "created_at", "run_day", "body_written"], select
+        )
+        .on_conflict_do_nothing()
     )
     return statement
 
@@ -168,6 +169,7 @@ def open_chord(insert: Upsert, typed: Parameter) -> Insert:
 # the batch holds. JSON values travel as text and are cast where they land.
 
 _TS = sa.DateTime(timezone=True)
+_DAY = sa.Date()
 _TEXTS = postgresql.ARRAY(sa.Text())
 
 _TRANSITION_ROWS: Final = (
@@ -189,6 +191,7 @@ _TRANSITION_ROWS: Final = (
     ("deliveries", sa.Integer()),
     ("retries", sa.Integer()),
     ("retry_delay", sa.Text()),
+    ("run_day", _DAY),
 )
 _RUN_ROWS: Final = (
     ("run_id", sa.Text()),
@@ -270,7 +273,7 @@ def record_attempts_pg(status: str) -> Insert:
         )
         .values(**step_values(status, step_rows))
     )
-    values = attempt_values(status, _reader(events))
+    values = attempt_values(status, _reader(events)) | {"run_day": events.c.run_day}
     insert = postgresql.insert(history).from_select(
         list(values), sa.select(*values.values()).select_from(events)
     )
@@ -292,6 +295,7 @@ _LONE_ROWS: Final = (
     ("run_workflow", sa.Text()),
     ("run_input", sa.Text()),
     ("run_wire", sa.Text()),
+    ("run_day", _DAY),
 )
 
 
@@ -320,6 +324,7 @@ def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
             "wire",
             "created_at",
             "updated_at",
+            "run_day",
         ],
         sa.select(
             lone.c.step_id,
@@ -330,6 +335,7 @@ def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
             jsonb(lone.c.run_wire),
             lone.c.now,
             lone.c.now,
+            lone.c.run_day,
         ),
     )
     step = (
@@ -348,6 +354,7 @@ def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
                 "routing",
                 "created_at",
                 "updated_at",
+                "run_day",
             ],
             sa.select(
                 lone.c.step_id,
@@ -362,6 +369,7 @@ def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
                 jsonb(lone.c.routing),
                 lone.c.now,
                 lone.c.now,
+                lone.c.run_day,
             ),
         )
         .on_conflict_do_nothing()
@@ -380,6 +388,7 @@ def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
             "eta",
             "task_id",
             "reason",
+            "run_day",
         ],
         sa.select(
             lone.c.history_id,
@@ -392,6 +401,7 @@ def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
             lone.c.eta,
             step.c.workflow_step_id,
             sa.literal("first", text),
+            lone.c.run_day,
         ).select_from(step.join(lone, lone.c.step_id == step.c.workflow_step_id)),
     )
     # The steps written, and those there before it: its snapshot is the statement's, so a
@@ -410,7 +420,7 @@ def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
         .where(steps.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)))
     )
     query = sa.union_all(sa.select(step.c.workflow_step_id), existing)
-    query = query.add_cte(run.on_conflict_do_nothing(index_elements=["workflow_run_id"]).cte("run"))
+    query = query.add_cte(run.on_conflict_do_nothing().cte("run"))
     return query.add_cte(attempt.cte("attempt"))
 
 
@@ -481,7 +491,11 @@ _any_step = sa.any_(P("step_ids", type_=_TEXTS))
 
 known_steps_pg: Final = (
     sa.select(
-        steps.c.workflow_step_id, steps.c.current_attempt, steps.c.workflow_run_id, runs.c.wire
+        steps.c.workflow_step_id,
+        steps.c.current_attempt,
+        steps.c.workflow_run_id,
+        runs.c.wire,
+        runs.c.run_day,
     )
     .join(runs, runs.c.workflow_run_id == steps.c.workflow_run_id)
     .where(steps.c.workflow_step_id == _any_step)
@@ -492,14 +506,14 @@ steps_present_pg: Final = sa.select(steps.c.workflow_step_id).where(
     steps.c.workflow_step_id == _any_step,
 )
 
-known_runs_pg: Final = sa.select(runs.c.workflow_run_id).where(
+known_runs_pg: Final = sa.select(runs.c.workflow_run_id, runs.c.run_day).where(
     runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS))
 )
 
 count_deliveries_pg: Final = (
     postgresql.insert(deliveries)
     .from_select(
-        ["workflow_run_id", "event_id", "created_at"],
+        ["workflow_run_id", "event_id", "created_at", "run_day"],
         sa.select(
             *(
                 counted := _rows(
@@ -508,12 +522,13 @@ count_deliveries_pg: Final = (
                         ("workflow_run_id", sa.Text()),
                         ("event_id", sa.Text()),
                         ("created_at", _TS),
+                        ("run_day", _DAY),
                     ),
                 )
             ).c
         ),
     )
-    .on_conflict_do_nothing(index_elements=["workflow_run_id", "event_id"])
+    .on_conflict_do_nothing()
     .returning(deliveries.c.event_id)
 )
 

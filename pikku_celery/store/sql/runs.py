@@ -33,6 +33,7 @@ __all__ = [
     "insert_run",
     "list_runs",
     "list_step_states",
+    "run_day_of",
     "run_history",
     "update_run_state_pg",
     "update_run_state_sqlite",
@@ -56,6 +57,9 @@ insert_run: Final = sa.insert(runs)
 _RUN_COLUMNS: Final = tuple(c for c in runs.c if c.name != "run_day")
 
 get_run: Final = sa.select(*_RUN_COLUMNS).where(runs.c.workflow_run_id == P("run_id"))
+
+#: The day a run is filed under, which every row written of it carries.
+run_day_of: Final = sa.select(runs.c.run_day).where(runs.c.workflow_run_id == P("run_id"))
 
 get_run_state: Final = sa.select(runs.c.state).where(runs.c.workflow_run_id == P("run_id"))
 
@@ -131,7 +135,7 @@ update_run_state_sqlite: Final = (
 # --- steps ------------------------------------------------------------------
 
 
-STEP_COLUMNS: Final = tuple(steps.c)
+STEP_COLUMNS: Final = tuple(c for c in steps.c if c.name != "run_day")
 
 get_step_state: Final = sa.select(*STEP_COLUMNS).where(
     steps.c.workflow_run_id == P("run_id"), steps.c.step_name == P("step_name")

@@ -35,7 +35,7 @@ def insert_run_if_absent(insert: Upsert) -> Insert:
     return statement
 
 
-run_status: Final = sa.select(runs.c.status, runs.c.workflow).where(
+run_status: Final = sa.select(runs.c.status, runs.c.workflow, runs.c.run_day).where(
     runs.c.workflow_run_id == P("run_id")
 )
 

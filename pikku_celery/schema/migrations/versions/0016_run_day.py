@@ -54,15 +54,42 @@ _HISTORY_COLUMNS: Final = """
     CAST(result AS text) AS result, CAST(error AS text) AS error,
     attempt, created_at, running_at, scheduled_at, succeeded_at, failed_at,
     task_id, worker, pid, delivery_count, eta, reason, replaced_by, workflow_run_id"""
-_VIEWS: Final = {
-    "workflow_runs": _RUNS_COLUMNS,
-    "workflow_step": _STEP_COLUMNS,
-    "workflow_step_history": _HISTORY_COLUMNS,
+_TABLES_WITH_VIEWS: Final = ("workflow_runs", "workflow_step", "workflow_step_history")
+_VIEW_NOW: Final = {
+    "workflow_runs": "CREATE OR REPLACE VIEW pikku_compat.workflow_runs AS SELECT"
+    + _RUNS_COLUMNS
+    + ", run_day FROM workflow_runs",
+    "workflow_step": "CREATE OR REPLACE VIEW pikku_compat.workflow_step AS SELECT"
+    + _STEP_COLUMNS
+    + ", run_day FROM workflow_step",
+    "workflow_step_history": "CREATE OR REPLACE VIEW pikku_compat.workflow_step_history AS "
+    "SELECT" + _HISTORY_COLUMNS + ", run_day FROM workflow_step_history",
 }
-_READ_ONLY: Final = (
-    "CREATE TRIGGER read_only INSTEAD OF INSERT OR UPDATE OR DELETE ON "
-    "pikku_compat.{table} FOR EACH ROW EXECUTE FUNCTION pikku_compat.refuse_write()"
-)
+_VIEW_BEFORE: Final = {
+    "workflow_runs": "CREATE VIEW pikku_compat.workflow_runs AS SELECT"
+    + _RUNS_COLUMNS
+    + " FROM workflow_runs",
+    "workflow_step": "CREATE VIEW pikku_compat.workflow_step AS SELECT"
+    + _STEP_COLUMNS
+    + " FROM workflow_step",
+    "workflow_step_history": "CREATE VIEW pikku_compat.workflow_step_history AS SELECT"
+    + _HISTORY_COLUMNS
+    + " FROM workflow_step_history",
+}
+_DROP_VIEW: Final = {
+    "workflow_runs": "DROP VIEW pikku_compat.workflow_runs",
+    "workflow_step": "DROP VIEW pikku_compat.workflow_step",
+    "workflow_step_history": "DROP VIEW pikku_compat.workflow_step_history",
+}
+_READ_ONLY: Final = {
+    "workflow_runs": "CREATE TRIGGER read_only INSTEAD OF INSERT OR UPDATE OR DELETE ON "
+    "pikku_compat.workflow_runs FOR EACH ROW EXECUTE FUNCTION pikku_compat.refuse_write()",
+    "workflow_step": "CREATE TRIGGER read_only INSTEAD OF INSERT OR UPDATE OR DELETE ON "
+    "pikku_compat.workflow_step FOR EACH ROW EXECUTE FUNCTION pikku_compat.refuse_write()",
+    "workflow_step_history": "CREATE TRIGGER read_only INSTEAD OF INSERT OR UPDATE OR DELETE "
+    "ON pikku_compat.workflow_step_history FOR EACH ROW "
+    "EXECUTE FUNCTION pikku_compat.refuse_write()",
+}
 
 
 def _postgres() -> bool:
@@ -73,20 +100,17 @@ def upgrade() -> None:
     for table in _TABLES:
         op.add_column(table, sa.Column("run_day", sa.Date()))
     if _postgres():
-        for table, columns in _VIEWS.items():
-            op.execute(
-                f"CREATE OR REPLACE VIEW pikku_compat.{table} AS SELECT{columns}, run_day "
-                f"FROM {table}"
-            )
+        for table in _TABLES_WITH_VIEWS:
+            op.execute(_VIEW_NOW[table])
 
 
 def downgrade() -> None:
     if _postgres():
         # A view cannot lose a column in place: made again as it was, with its trigger.
-        for table, columns in _VIEWS.items():
-            op.execute(f"DROP VIEW pikku_compat.{table}")
-            op.execute(f"CREATE VIEW pikku_compat.{table} AS SELECT{columns} FROM {table}")
-            op.execute(_READ_ONLY.format(table=table))
+        for table in _TABLES_WITH_VIEWS:
+            op.execute(_DROP_VIEW[table])
+            op.execute(_VIEW_BEFORE[table])
+            op.execute(_READ_ONLY[table])
     for table in reversed(_TABLES):
         # SQLite drops a column in place since 3.35: no copy of the table, whose cascading
         # foreign keys would empty its children if it were dropped to be made again.
