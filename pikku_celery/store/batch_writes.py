@@ -250,7 +250,7 @@ class SqliteWrites:
     def write_transitions(
         self, c: sa.Connection, status: str, rows: list[dict[str, Any]], later: Later
     ) -> None:
-        for statement in self._sql.record_attempt(status):
+        for statement in self._sql.record_attempts(status):
             self._db.run_many(c, statement, rows)
 
     def write_outcomes(

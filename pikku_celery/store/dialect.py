@@ -211,6 +211,14 @@ class SQLite(Dialect):
             sql.attempts.record_attempt(self.insert, self._typed, status),
         )
 
+    def record_attempts(self, status: str) -> tuple[sa.Executable, ...]:
+        """:meth:`record_attempt` for a batch's rows, which carry their run's day: the
+        attempt row as VALUES, with no read of its step."""
+        return (
+            sql.attempts.record_attempt_step(status),
+            sql.attempts.record_attempt_rows(self.insert, status),
+        )
+
     def next_attempt(self, status: str) -> tuple[sa.Executable, ...]:
         return (sql.attempts.add_next_attempt(status), sql.attempts.retry_attempt_sqlite(status))
 

@@ -41,6 +41,7 @@ __all__ = [
     "ranked_below",
     "record_attempt",
     "record_attempt_pg",
+    "record_attempt_rows",
     "record_attempt_step",
     "retry_attempt_pg",
     "retry_attempt_sqlite",
@@ -529,6 +530,14 @@ def record_attempt(insert: Upsert, typed: Parameter, status: str) -> Insert:
         steps.c.workflow_run_id == run_of_step, steps.c.workflow_step_id == P("step_id")
     )
     return attempt_upsert(insert(history).from_select(list(values), select), status)
+
+
+@cache
+def record_attempt_rows(insert: Upsert, status: str) -> Insert:
+    """:func:`record_attempt` for rows that carry their run's day (a batch's, whose one read
+    found each step): plain VALUES, no read of the step."""
+    values = attempt_values(status, _bound) | {"run_day": P("run_day")}
+    return attempt_upsert(insert(history).values(**values), status)
 
 
 @cache
