@@ -39,6 +39,7 @@ __all__ = [
     "Conversion",
     "DroppedDay",
     "MadeDays",
+    "check_dialect",
     "convert",
     "day_partition",
     "default_partition",
@@ -199,13 +200,17 @@ def _connected(bind: sa.Engine | sa.Connection) -> Iterator[sa.Connection]:
         yield bind
 
 
-def _check_can_partition(connection: sa.Connection) -> None:
-    if connection.dialect.name != "postgresql":
+def check_dialect(name: str) -> None:
+    """Raise ``LayoutUnavailable`` unless a database of dialect ``name`` can be partitioned."""
+    if name != "postgresql":
         raise LayoutUnavailable(
-            f"the partitioned layout needs PostgreSQL; {connection.dialect.name} keeps the "
-            "plain layout (run `pikku-celery db upgrade` without --layout, and prune with "
-            "`pikku-celery prune`)"
+            f"the partitioned layout needs PostgreSQL; {name} keeps the plain layout (run "
+            "`pikku-celery db upgrade` without --layout, and prune with `pikku-celery prune`)"
         )
+
+
+def _check_can_partition(connection: sa.Connection) -> None:
+    check_dialect(connection.dialect.name)
     distributed = connection.exec_driver_sql(
         "SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL"
     ).scalar_one()

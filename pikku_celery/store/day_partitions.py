@@ -69,6 +69,7 @@ class DayPartitions:
     def convert(self, *, today: dt.date | None = None) -> Conversion:
         """Lay the run tables out by day (``schema.partitions.convert``); a database already
         so is left as it is."""
+        partitions.check_dialect(self._db.engine.dialect.name)  # before connecting
         with self._db.errors():
             done = partitions.convert(self._db.engine, today=today)
         self._partitioned = True
