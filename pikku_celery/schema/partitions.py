@@ -421,72 +421,86 @@ def convert(bind: sa.Engine | sa.Connection, *, today: dt.date | None = None) ->
         _check_can_partition(connection)
         if is_partitioned(connection):
             return Conversion(already=True)
-        # Writers wait for the change rather than write to a table about to go.
-        for name in PARTITIONED_TABLES:
-            connection.exec_driver_sql(f"LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE")
-        tables = [_read_table(connection, name) for name in PARTITIONED_TABLES]
-        views = _read_views(connection)
-        for view in views:
-            connection.exec_driver_sql(f"DROP VIEW {view.name}")
-        first_day = today if today is not None else _today(connection)
-        days = sorted(
-            set(
-                connection.exec_driver_sql(
-                    f"SELECT DISTINCT COALESCE(t.run_day, {_UTC_DAY}) FROM workflow_runs t "
-                    f"UNION SELECT DISTINCT COALESCE(t.run_day, {_UTC_DAY}) "
-                    "FROM pikku_celery_deliveries t"
-                ).scalars()
+        try:
+            return _convert(connection, today)
+        except sa.exc.DBAPIError as exc:
+            reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+            raise LayoutUnavailable(
+                f"PostgreSQL refused to partition the tables ({type(exc.orig).__name__}: "
+                f"{reason}); nothing was changed. An object of your own that depends on "
+                "them (a view, a foreign key) must be dropped first and made again after "
+                "`pikku-celery db upgrade --layout partitioned`"
+            ) from exc
+
+
+def _convert(connection: sa.Connection, today: dt.date | None) -> Conversion:
+    """The conversion itself, in ``connection``'s transaction."""
+    # Writers wait for the change rather than write to a table about to go.
+    for name in PARTITIONED_TABLES:
+        connection.exec_driver_sql(f"LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE")
+    tables = [_read_table(connection, name) for name in PARTITIONED_TABLES]
+    views = _read_views(connection)
+    for view in views:
+        connection.exec_driver_sql(f"DROP VIEW {view.name}")
+    first_day = today if today is not None else _today(connection)
+    days = sorted(
+        set(
+            connection.exec_driver_sql(
+                f"SELECT DISTINCT COALESCE(t.run_day, {_UTC_DAY}) FROM workflow_runs t "
+                f"UNION SELECT DISTINCT COALESCE(t.run_day, {_UTC_DAY}) "
+                "FROM pikku_celery_deliveries t"
+            ).scalars()
+        )
+        | {first_day + dt.timedelta(days=n) for n in range(AHEAD_DAYS + 1)}
+    )
+    rows: dict[str, int] = {}
+    for table in tables:
+        _make_parent(connection, table, days)
+        before = connection.exec_driver_sql(f"SELECT count(*) FROM {table.name}").scalar_one()
+        source, day = _copy_day(table.name)
+        columns = [c for c in table.columns if c != "run_day"]
+        listed = ", ".join(columns)
+        copied = connection.exec_driver_sql(
+            f"INSERT INTO {_new(table.name)} ({listed}, run_day) "
+            f"SELECT {', '.join(f't.{c}' for c in columns)}, {day} FROM {source}"
+        ).rowcount
+        if copied != before:
+            raise LayoutUnavailable(
+                f"{table.name} has {before} rows but {copied} could be given a day (rows "
+                "whose run is gone?); nothing was changed. Delete the rows whose "
+                "workflow_run_id names no run, then run the conversion again"
             )
-            | {first_day + dt.timedelta(days=n) for n in range(AHEAD_DAYS + 1)}
-        )
-        rows: dict[str, int] = {}
-        for table in tables:
-            _make_parent(connection, table, days)
-            before = connection.exec_driver_sql(f"SELECT count(*) FROM {table.name}").scalar_one()
-            source, day = _copy_day(table.name)
-            columns = [c for c in table.columns if c != "run_day"]
-            listed = ", ".join(columns)
-            copied = connection.exec_driver_sql(
-                f"INSERT INTO {_new(table.name)} ({listed}, run_day) "
-                f"SELECT {', '.join(f't.{c}' for c in columns)}, {day} FROM {source}"
-            ).rowcount
-            if copied != before:
-                raise LayoutUnavailable(
-                    f"{table.name} has {before} rows but {copied} could be given a day (rows "
-                    "whose run is gone?); nothing was changed. Delete the rows whose "
-                    "workflow_run_id names no run, then run the conversion again"
-                )
-            rows[table.name] = int(copied)
-        for table in reversed(tables):
-            connection.exec_driver_sql(f"DROP TABLE {table.name}")
-        for table in tables:
-            connection.exec_driver_sql(f"ALTER TABLE {_new(table.name)} RENAME TO {table.name}")
-            for name, kind, columns in table.keys:
-                connection.exec_driver_sql(
-                    f"ALTER TABLE {table.name} ADD CONSTRAINT {name} {kind} "
-                    f"({', '.join([*columns, 'run_day'])})"
-                )
-            for definition in table.indexes:
-                connection.exec_driver_sql(definition)
-            _owned(connection, table.name, table.owner, table.grants)
-        for table in tables:
-            for name, definition in table.foreign_keys:
-                connection.exec_driver_sql(
-                    f"ALTER TABLE {table.name} ADD CONSTRAINT {name} "
-                    f"{_through_run_day(table.name, definition)}"
-                )
-        for view in views:
-            connection.exec_driver_sql(f"CREATE VIEW {view.name} AS {view.definition}")
-            for trigger in view.triggers:
-                connection.exec_driver_sql(trigger)
-            _owned(connection, view.name, view.owner, view.grants)
-        for table in tables:
-            connection.exec_driver_sql(f"ANALYZE {table.name}")
-        logger.info(
-            "pikku-celery partitioned the run tables by day",
-            extra={"action": "partitioned_layout", "rows": rows, "days": len(days)},
-        )
-        return Conversion(already=False, rows=rows, days=tuple(days))
+        rows[table.name] = int(copied)
+    for table in reversed(tables):
+        connection.exec_driver_sql(f"DROP TABLE {table.name}")
+    for table in tables:
+        connection.exec_driver_sql(f"ALTER TABLE {_new(table.name)} RENAME TO {table.name}")
+        for name, kind, columns in table.keys:
+            connection.exec_driver_sql(
+                f"ALTER TABLE {table.name} ADD CONSTRAINT {name} {kind} "
+                f"({', '.join([*columns, 'run_day'])})"
+            )
+        for definition in table.indexes:
+            connection.exec_driver_sql(definition)
+        _owned(connection, table.name, table.owner, table.grants)
+    for table in tables:
+        for name, definition in table.foreign_keys:
+            connection.exec_driver_sql(
+                f"ALTER TABLE {table.name} ADD CONSTRAINT {name} "
+                f"{_through_run_day(table.name, definition)}"
+            )
+    for view in views:
+        connection.exec_driver_sql(f"CREATE VIEW {view.name} AS {view.definition}")
+        for trigger in view.triggers:
+            connection.exec_driver_sql(trigger)
+        _owned(connection, view.name, view.owner, view.grants)
+    for table in tables:
+        connection.exec_driver_sql(f"ANALYZE {table.name}")
+    logger.info(
+        "pikku-celery partitioned the run tables by day",
+        extra={"action": "partitioned_layout", "rows": rows, "days": len(days)},
+    )
+    return Conversion(already=False, rows=rows, days=tuple(days))
 
 
 def _make_parent(connection: sa.Connection, table: _Table, days: Sequence[dt.date]) -> None:
