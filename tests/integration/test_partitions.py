@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from celery import Celery
 
-from pikku_celery import WorkflowStore
-from pikku_celery.errors import LayoutUnavailable
+from pikku_celery import PikkuCelery, WorkflowStore
+from pikku_celery.errors import ConfigurationError, LayoutUnavailable
 from pikku_celery.schema import metadata, migrate, partitions
 from pikku_celery.store.prune import PruneCount
 from tests.conftest import PgServer
@@ -483,3 +484,50 @@ def test_db_upgrade_layout_partitioned_as_a_user_types_it(
     assert sqlite.returncode == 1
     assert "the partitioned layout needs PostgreSQL" in sqlite.stderr
     assert "Traceback" not in sqlite.stderr
+
+
+# --- the workers' upkeep ------------------------------------------------------------------
+
+
+def test_the_workers_upkeep_keeps_the_days_under_the_reaper_lease(
+    store: WorkflowStore, plain_url: str
+) -> None:
+    seed_days(store, {12: ["completed"], 2: ["completed"], 1: ["running"]})
+    store.partitions.convert(today=TODAY - dt.timedelta(days=3))
+    app = Celery("parts-upkeep", broker="memory://", set_as_current=False)
+    app.conf.pikku_retention_days = 7
+    pikku = PikkuCelery(app, plain_url)
+    try:
+        upkeep = pikku.prepare_upkeep("w")
+        assert upkeep.reap_once(at_start=True) is not None
+        with store.engine.connect() as conn:
+            days = partitions.partition_days(conn)
+        assert TODAY - dt.timedelta(days=12) not in days  # older than the retention
+        assert {TODAY - dt.timedelta(days=n) for n in (3, 2, 1)} <= set(days)
+        assert {TODAY, TODAY + DAY, TODAY + 2 * DAY} <= set(days)  # made ahead
+    finally:
+        pikku.stop_upkeep()
+        pikku.uninstall()
+
+
+def test_the_retention_is_days_from_the_app_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = Celery("retention", broker="memory://", set_as_current=False)
+    pikku = PikkuCelery(app, f"sqlite:///{tmp_path / 'r.db'}")
+    try:
+        assert pikku.retention is None  # never drop, unless asked
+        monkeypatch.setenv("PIKKU_RETENTION_DAYS", "30")
+        assert pikku.retention == dt.timedelta(days=30)
+        app.conf.pikku_retention_days = 7
+        assert pikku.retention == dt.timedelta(days=7)
+        for bad in ("soon", 0, 0.5, -3):
+            app.conf.pikku_retention_days = bad
+            with pytest.raises(ConfigurationError, match="pikku_retention_days"):
+                _ = pikku.retention
+        # A plain layout: the upkeep's look at the layout is all it costs.
+        app.conf.pikku_retention_days = None
+        assert pikku.prepare_upkeep("w")._partitions is not None
+        assert pikku._partitions_upkeep(None) is None
+    finally:
+        pikku.uninstall()
