@@ -166,8 +166,8 @@ def default_rows(connection: sa.Connection) -> dict[str, int]:
     only tables that have some."""
     found = {}
     for table in PARTITIONED_TABLES:
-        count = connection.exec_driver_sql(
-            f"SELECT count(*) FROM {default_partition(table)}"
+        count = connection.execute(
+            sa.select(sa.func.count()).select_from(sa.table(default_partition(table)))
         ).scalar_one()
         if count:
             found[table] = int(count)
@@ -228,11 +228,11 @@ def _check_can_partition(connection: sa.Connection) -> None:
         )
     head = migrate.head_revision()
     revision = None
-    if connection.exec_driver_sql(
-        f"SELECT to_regclass('{migrate.VERSION_TABLE}') IS NOT NULL"
+    if connection.execute(
+        sa.text("SELECT to_regclass(:t) IS NOT NULL"), {"t": migrate.VERSION_TABLE}
     ).scalar_one():
-        revision = connection.exec_driver_sql(
-            f"SELECT version_num FROM {migrate.VERSION_TABLE}"
+        revision = connection.execute(
+            sa.select(sa.column("version_num")).select_from(sa.table(migrate.VERSION_TABLE))
         ).scalar()
     if revision != head:
         raise LayoutUnavailable(
