@@ -34,6 +34,7 @@ from pikku_celery.schema.tables import COMPAT_SCHEMA
 
 __all__ = [
     "AHEAD_DAYS",
+    "IS_PARTITIONED",
     "OPEN_RUN_STATUSES",
     "PARTITIONED_TABLES",
     "Conversion",
@@ -131,16 +132,18 @@ class DroppedDay:
 # --- reading the layout ----------------------------------------------------------------
 
 
+#: Whether the store's tables are laid out by day (``workflow_runs`` stands for all six).
+IS_PARTITIONED: Final = (
+    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_partitioned_table "
+    "WHERE partrelid = to_regclass('workflow_runs'))"
+)
+
+
 def is_partitioned(connection: sa.Connection) -> bool:
     """The store's tables are laid out by day (``workflow_runs`` stands for all six)."""
     if connection.dialect.name != "postgresql":
         return False
-    return bool(
-        connection.exec_driver_sql(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_partitioned_table "
-            "WHERE partrelid = to_regclass('workflow_runs'))"
-        ).scalar_one()
-    )
+    return bool(connection.exec_driver_sql(IS_PARTITIONED).scalar_one())
 
 
 def partition_days(connection: sa.Connection, table: str = "workflow_runs") -> list[dt.date]:

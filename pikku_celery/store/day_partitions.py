@@ -63,8 +63,14 @@ class DayPartitions:
         """``"partitioned"`` or ``"plain"``, read now."""
         if not self._db.sql.distributable:  # SQLite: one layout
             return "plain"
-        with self._db.read(None) as conn:
-            return "partitioned" if partitions.is_partitioned(conn) else "plain"
+        # Through the driver's own cursor, as the distributed layout is read: a look at the
+        # catalogue, not a statement of the store's (those are all in ``store/sql``).
+        with (
+            self._db.read(None) as conn,
+            conn.connection.dbapi_connection.cursor() as cursor,  # type: ignore[union-attr]
+        ):
+            cursor.execute(partitions.IS_PARTITIONED)
+            return "partitioned" if cursor.fetchone()[0] else "plain"
 
     def convert(self, *, today: dt.date | None = None) -> Conversion:
         """Lay the run tables out by day (``schema.partitions.convert``); a database already
