@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-quick test-lowest test-docker docs check format bench bench-quick clean
+.PHONY: install demo test test-quick test-partitioned test-lowest test-docker docs check format bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ test: $(STAMP)
 # A contributor's loop: the unit and integration suites (PostgreSQL, Redis; no workers).
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest tests/unit tests/integration $(PYTEST_ARGS)
+
+# The integration suite's PostgreSQL tests with every test database laid out by day (the
+# partitioned layout, `pikku-celery db upgrade --layout partitioned`).
+test-partitioned: $(STAMP)
+	PIKKU_TEST_LAYOUT=partitioned $(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
+		tests/integration -k "not sqlite" $(PYTEST_ARGS)
 
 # The unit and integration suites and a slice of the acceptance suite, in a virtualenv of their
 # own with the lowest versions pyproject.toml allows (noxfile.py, constraints/lowest.txt).

@@ -7,6 +7,8 @@ the interface the integration defines (``installed.Installed``).
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -23,7 +25,12 @@ from pikku_celery.integration.chords import RESEND_AFTER, resume_chords
 from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.integration.selection import TaskSelection
 from pikku_celery.integration.task import WorkflowTask, as_task_function
-from pikku_celery.integration.upkeep import ENV_REAPER_INTERVAL, REAPER_INTERVAL, Upkeep
+from pikku_celery.integration.upkeep import (
+    ENV_REAPER_INTERVAL,
+    ENV_RETENTION_DAYS,
+    REAPER_INTERVAL,
+    Upkeep,
+)
 from pikku_celery.integration.wakeups import configure_wakeups
 from pikku_celery.mirror import ENV_FLUSH_INTERVAL, FLUSH_INTERVAL, PublisherJournal, Recorder
 from pikku_celery.store import (
@@ -416,6 +423,36 @@ class PikkuCelery:
             raise ConfigurationError("pikku_reaper_interval is 0 (off) or more seconds.")
         return interval
 
+    @property
+    def retention(self) -> dt.timedelta | None:
+        """How long runs are kept where the tables are laid out by day: the workers' upkeep
+        drops the day partitions older than it (open runs' days are kept). None: never.
+
+        ``app.conf.pikku_retention_days``, else ``PIKKU_RETENTION_DAYS``, else None.
+        """
+        configured = self.app.conf.get("pikku_retention_days")
+        if configured is None:
+            configured = os.environ.get(ENV_RETENTION_DAYS)
+        if configured is None or configured == "" or configured is False:
+            return None
+        try:
+            days = float(configured)
+        except (TypeError, ValueError):
+            days = 0.0
+        if not days >= 1:
+            raise ConfigurationError(
+                f"pikku_retention_days is a number of days, 1 or more (30), not {configured!r}; "
+                "leave it unset to keep every day partition."
+            )
+        return dt.timedelta(days=days)
+
+    def _partitions_upkeep(self, retention: dt.timedelta | None) -> object:
+        """The reaper's pass over the day partitions, where the tables are laid out by day."""
+        partitions = self.store.partitions
+        if not partitions.partitioned():  # read once: a plain layout costs nothing after
+            return None
+        return partitions.keep(retention).as_dict()
+
     def finished_result(self, step_id: str) -> tuple[bool, Any]:
         """(True, result) when the step already succeeded: a duplicate dispatch of it."""
         return self.workflows.finished_result(step_id)
@@ -437,6 +474,8 @@ class PikkuCelery:
                 recover=self.workflows.recover if self.workflows.workflows else None,
                 recovery_lease=self.workflows.recovery_lease,
                 expire=self._results_upkeep if self._results_here() else None,
+                # Read here: a retention that is no number stops the worker at start.
+                partitions=functools.partial(self._partitions_upkeep, self.retention),
             )
             self._upkeep.note_start()
         return self._upkeep

@@ -4,6 +4,7 @@
 
     PikkuCeleryError
     ├── ConfigurationError          a setting or URL cannot be used
+    │   └── LayoutUnavailable       the database cannot take the table layout asked for
     ├── SerializationError          a value cannot be stored as JSON
     │   └── PayloadTooLarge         a value is larger than the configured limit
     ├── InvalidDuration             a retry delay is not a duration
@@ -46,6 +47,7 @@ __all__ = [
     "EventTimeout",
     "InvalidDuration",
     "InvalidStatus",
+    "LayoutUnavailable",
     "NeverIdle",
     "NotAWorkflowRun",
     "NotFoundError",
@@ -84,6 +86,10 @@ class PikkuCeleryError(Exception):
 
 class ConfigurationError(PikkuCeleryError):
     """pikku-celery is misconfigured; check the database URL and settings."""
+
+
+class LayoutUnavailable(ConfigurationError):
+    """The database cannot take the table layout asked for; the message says what to do."""
 
 
 class SerializationError(PikkuCeleryError, ValueError):

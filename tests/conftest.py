@@ -92,6 +92,12 @@ CITUS_URL = os.environ.get("PIKKU_TEST_CITUS_URL")
 PG_ADMIN_URL = CITUS_URL or os.environ.get(
     "PIKKU_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
+# ``partitioned``: every PostgreSQL database the fixtures migrate is then laid out by day
+# (``pikku-celery db upgrade --layout partitioned``), so a suite runs on that layout
+# (``make test-partitioned``); unset or ``plain``: the tables as migrated.
+TEST_LAYOUT = os.environ.get("PIKKU_TEST_LAYOUT", "plain")
+if TEST_LAYOUT not in ("plain", "partitioned"):
+    raise ValueError(f"PIKKU_TEST_LAYOUT is plain or partitioned, not {TEST_LAYOUT!r}")
 TABLES = (
     "workflow_step_history",
     "workflow_step",
@@ -134,11 +140,18 @@ class PgServer:
         return self.url.set(database=name).render_as_string(hide_password=False)
 
     def distribute(self, url: str) -> None:
-        """On Citus, lay the store's tables out in the database at ``url`` (migrated)."""
+        """Lay the store's tables out in the database at ``url`` (migrated) as the suite
+        runs them: distributed on Citus, partitioned by day with ``PIKKU_TEST_LAYOUT``."""
         if self.citus:
             store = WorkflowStore(url)
             try:
                 store.distribute()
+            finally:
+                store.close()
+        elif TEST_LAYOUT == "partitioned":
+            store = WorkflowStore(url)
+            try:
+                store.partitions.convert()
             finally:
                 store.close()
 

@@ -54,14 +54,22 @@ logger = logging.getLogger("pikku_celery.cli")
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     store = store_of(args, creates=True)
-    before = store.schema_revision()
-    store.init()
-    after = store.schema_revision()
-    if before == after:
-        print(f"{safe_url(store.engine.url)} is already at revision {after}.")
-    else:
-        print(f"Upgraded {safe_url(store.engine.url)} from {before or 'empty'} to {after}.")
-    store.close()
+    try:
+        if args.layout == "partitioned" and store.dialect != "postgresql":
+            # Said before anything is written: the layout is the point of the command.
+            store.partitions.convert()  # raises LayoutUnavailable
+        before = store.schema_revision()
+        store.init()
+        after = store.schema_revision()
+        where = safe_url(store.engine.url)
+        if before == after:
+            print(f"{where} is already at revision {after}.")
+        else:
+            print(f"Upgraded {where} from {before or 'empty'} to {after}.")
+        if args.layout == "partitioned":
+            print(f"Layout of {where}: {store.partitions.convert().describe()}.")
+    finally:
+        store.close()
     return EXIT_OK
 
 
@@ -89,10 +97,23 @@ def _revisions(args: argparse.Namespace) -> tuple[str | None, str]:
 
 
 def cmd_db_current(args: argparse.Namespace) -> int:
-    current, head = _revisions(args)
+    store = store_of(args)
+    try:
+        current, head = store.schema_revision(), store.latest_schema_revision()
+        layout = store.partitions.layout() if current is not None else None
+    finally:
+        store.close()
     print(f"current: {current or 'none (run `pikku-celery db upgrade`)'}")
     print(f"latest:  {head}")
+    if layout is not None:
+        print(f"layout:  {layout}{_LAYOUT_NOTES[layout]}")
     return EXIT_OK
+
+
+_LAYOUT_NOTES: Final = {
+    "plain": "",
+    "partitioned": " (run tables partitioned by day; see docs/scale.md)",
+}
 
 
 def cmd_db_check(args: argparse.Namespace) -> int:
@@ -255,9 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = commands.add_parser("db", help="manage the database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
-    db_commands.add_parser("upgrade", help="bring the schema to the latest revision").set_defaults(
-        func=cmd_db_upgrade
+    upgrade = db_commands.add_parser("upgrade", help="bring the schema to the latest revision")
+    upgrade.add_argument(
+        "--layout",
+        choices=("plain", "partitioned"),
+        default="plain",
+        help="plain (default): the tables as they are; partitioned: then lay the run tables "
+        "out by day (PostgreSQL; retention by dropping a day's partitions, see "
+        "docs/scale.md). A database already partitioned stays so",
     )
+    upgrade.set_defaults(func=cmd_db_upgrade)
     distribute = db_commands.add_parser(
         "distribute", help="lay the tables out on a Citus cluster (run on its coordinator)"
     )

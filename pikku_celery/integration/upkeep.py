@@ -30,12 +30,23 @@ from pikku_celery.errors import SchemaNotCurrent
 from pikku_celery.integration.reaper import Reaper, ReapReport
 from pikku_celery.mirror import Recorder
 
-__all__ = ["ENV_REAPER_INTERVAL", "REAPER_INTERVAL", "Recover", "Upkeep"]
+__all__ = [
+    "ENV_REAPER_INTERVAL",
+    "ENV_RETENTION_DAYS",
+    "PARTITIONS_EVERY",
+    "REAPER_INTERVAL",
+    "Recover",
+    "Upkeep",
+]
 
 logger = logging.getLogger(__name__)
 
 ENV_REAPER_INTERVAL: Final = "PIKKU_REAPER_INTERVAL"
 REAPER_INTERVAL: Final = 10.0
+ENV_RETENTION_DAYS: Final = "PIKKU_RETENTION_DAYS"
+#: Seconds between two passes over the day partitions by one worker: days change slowly,
+#: and partitions are made two days ahead.
+PARTITIONS_EVERY: Final = 300.0
 #: Renewed after every page of runs: a recovering worker that dies frees it this soon.
 _RECOVERY_LEASE: Final = 10.0
 _POLL: Final = 0.5
@@ -58,9 +69,12 @@ class Upkeep:
         recover: Recover | None = None,
         recovery_lease: str = "recovery",
         expire: Callable[[], object] | None = None,
+        partitions: Callable[[], object] | None = None,
     ) -> None:
         self.mirror = mirror
         self._expire = expire
+        self._partitions = partitions
+        self._partitions_kept_at: float | None = None
         self._reaper = reaper
         self.holder = f"{holder}:{os.getpid()}"
         self.interval = interval
@@ -167,11 +181,22 @@ class Upkeep:
             if self._expire is not None:
                 # One small step per pass (a cluster's worth, under the same lease).
                 self._guarded("expire results", self._expire)
+            if self._partitions is not None and self._partitions_due():
+                self._guarded("keep the day partitions", self._partitions)
             return report
         finally:
             # Rests for the rest of the interval: one pass per interval, cluster-wide.
             rest = max(0.0, self.interval * 0.9 - (time.monotonic() - begun))
             store.leases.release_lease("reaper", self.holder, taken, hold=rest)
+
+    def _partitions_due(self) -> bool:
+        now = time.monotonic()
+        if self._partitions_kept_at is not None and now - self._partitions_kept_at < (
+            PARTITIONS_EVERY
+        ):
+            return False
+        self._partitions_kept_at = now
+        return True
 
     # --- recovery --------------------------------------------------------------------
 

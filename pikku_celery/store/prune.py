@@ -2,7 +2,9 @@
 
 Each batch is its own short transaction: a prune of millions of rows never
 holds locks (or a SQLite write lock) for longer than one batch, and progress
-made before an interruption stays made.
+made before an interruption stays made. Where the tables are laid out by day
+(``schema/partitions.py``), a whole day older than the cut whose runs are all
+prunable goes first, by dropping its partitions; the rest is deleted as anywhere.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sqlalchemy as sa
 from pikku_celery.errors import InvalidStatus
 from pikku_celery.store import sql
 from pikku_celery.store.connector import Connector
+from pikku_celery.store.day_partitions import DayPartitions
 from pikku_celery.store.models import RUN_STATUSES, SETTLED_RUN_STATUSES
 
 __all__ = ["DEFAULT_PRUNE_STATUSES", "PruneCount", "Pruning"]
@@ -58,8 +61,9 @@ def _check_before(before: dt.datetime) -> None:
 class Pruning:
     """Deleting settled runs in batches, each batch its own short transaction."""
 
-    def __init__(self, db: Connector) -> None:
+    def __init__(self, db: Connector, partitions: DayPartitions | None = None) -> None:
         self._db = db
+        self._partitions = partitions or DayPartitions(db)
 
     def count_prunable(
         self,
@@ -150,10 +154,17 @@ class Pruning:
     ) -> PruneCount:
         """Delete every prunable run, ``batch_size`` runs per transaction; returns the total.
 
-        ``on_batch`` is called after each committed batch with the running total.
+        ``on_batch`` is called after each committed batch with the running total. Where
+        the tables are laid out by day, every day wholly before ``before`` whose runs are
+        all in ``statuses`` is dropped first (its partitions, a transaction a day).
         """
+        _check_before(before)
         chosen = _settled(statuses)
         total = PruneCount()
+        if self._partitions.partitioned():
+            total = self._drop_days(before, chosen)
+            if total.runs and on_batch is not None:
+                on_batch(total)
         while True:
             batch = self.prune_batch(before, chosen, batch_size)
             if batch.runs == 0:
@@ -161,3 +172,20 @@ class Pruning:
             total += batch
             if on_batch is not None:
                 on_batch(total)
+
+    def _drop_days(self, before: dt.datetime, statuses: list[str]) -> PruneCount:
+        # A day wholly before ``before``: its last instant (the next midnight) is not after it.
+        days = self._partitions.drop_days(
+            before.astimezone(dt.timezone.utc).date(), statuses=statuses
+        )
+        return sum(
+            (
+                PruneCount(
+                    day.rows.get("workflow_runs", 0),
+                    day.rows.get("workflow_step", 0),
+                    day.rows.get("workflow_step_history", 0),
+                )
+                for day in days
+            ),
+            PruneCount(),
+        )

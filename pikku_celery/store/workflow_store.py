@@ -30,6 +30,7 @@ from pikku_celery.store.claims import Claims
 from pikku_celery.store.codec import DEFAULT_MAX_PAYLOAD_BYTES
 from pikku_celery.store.common import UNSET
 from pikku_celery.store.connector import Connector
+from pikku_celery.store.day_partitions import DayPartitions
 from pikku_celery.store.engine import safe_url
 from pikku_celery.store.leases import Leases
 from pikku_celery.store.models import (
@@ -64,7 +65,8 @@ class _Reads:
         self.claims = claims
         self.workflows = Workflows(db, attempts, claims)
         self.stats = Stats(db)
-        self.pruning = Pruning(db)
+        self.partitions = DayPartitions(db)
+        self.pruning = Pruning(db, self.partitions)
         self.results = Results(db)
         self.replication = Replication(db)
 
@@ -119,7 +121,10 @@ class WorkflowStore:
         self.leases = Leases(self.db)
         self.reaping = Reaping(self.db, self.attempts)
         self.stats = Stats(self.db)
-        self.pruning = Pruning(self.db)
+        #: The day partitions, where the tables are laid out by day (``db upgrade --layout
+        #: partitioned``): made ahead and dropped by the workers' upkeep and by ``prune``.
+        self.partitions = DayPartitions(self.db)
+        self.pruning = Pruning(self.db, self.partitions)
         self.results = Results(self.db)
         self.batches = Batches(self.db, self.results)
 

@@ -30,6 +30,9 @@ def add_runs(
     attempts: list[dict[str, Any]] = []
     for n in range(count):
         created = start - dt.timedelta(seconds=n)
+        # Every row of a run carries its run's day (revision 0016), as the store writes it:
+        # the partitioned layout keeps a row only with it.
+        day = created.astimezone(dt.timezone.utc).date()
         run_id, step_id = str(uuid.uuid4()), str(uuid.uuid4())
         status = cycle[n % len(cycle)]
         runs.append(
@@ -41,6 +44,7 @@ def add_runs(
                 "state": "{}",
                 "created_at": created,
                 "updated_at": created,
+                "run_day": day,
             }
         )
         steps.append(
@@ -52,6 +56,7 @@ def add_runs(
                 "current_attempt": 2,
                 "created_at": created,
                 "updated_at": created,
+                "run_day": day,
             }
         )
         for attempt, outcome in ((1, "failed"), (2, "succeeded")):
@@ -63,6 +68,7 @@ def add_runs(
                     "status": outcome,
                     "attempt": attempt,
                     "created_at": created,
+                    "run_day": day,
                 }
             )
     with store.engine.begin() as conn:
