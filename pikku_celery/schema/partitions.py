@@ -693,6 +693,21 @@ def _drop_day(
     statuses: Collection[str] | None,
 ) -> dict[str, int] | None:
     runs = day_partition("workflow_runs", day)
+    if not _may_drop(connection, runs, keep, statuses):
+        return None
+    # Counted before any lock: nobody writes a day that has passed but to resume a run of
+    # it, which the look again below catches; a count holds no writer up.
+    present = [
+        (table, day_partition(table, day))
+        for table in reversed(PARTITIONED_TABLES)
+        if connection.execute(
+            sa.text("SELECT to_regclass(:p) IS NOT NULL"), {"p": day_partition(table, day)}
+        ).scalar_one()
+    ]
+    rows = {
+        table: int(connection.exec_driver_sql(f"SELECT count(*) FROM {partition}").scalar_one())
+        for table, partition in present
+    }
     # Detaching takes each table whole for a moment anyway; taken first, in the order the
     # store's writers take them (runs first), nobody starts or resumes a run of the day
     # between the look at its runs and the drop. Waiting is bounded: a day not taken in
@@ -700,20 +715,23 @@ def _drop_day(
     connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'")
     for table in PARTITIONED_TABLES:
         connection.exec_driver_sql(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
-    held = set(connection.exec_driver_sql(f"SELECT DISTINCT status FROM {runs}").scalars())
-    if held & keep or (statuses is not None and held - set(statuses)):
+    if not _may_drop(connection, runs, keep, statuses):
         return None
-    rows: dict[str, int] = {}
-    for table in reversed(PARTITIONED_TABLES):
-        partition = day_partition(table, day)
-        present = connection.execute(
-            sa.text("SELECT to_regclass(:p) IS NOT NULL"), {"p": partition}
-        ).scalar_one()
-        if not present:
-            continue
-        rows[table] = int(
-            connection.exec_driver_sql(f"SELECT count(*) FROM {partition}").scalar_one()
-        )
+    for table, partition in present:
         connection.exec_driver_sql(f"ALTER TABLE {table} DETACH PARTITION {partition}")
         connection.exec_driver_sql(f"DROP TABLE {partition}")
     return rows
+
+
+def _may_drop(
+    connection: sa.Connection, runs: str, keep: set[str], statuses: Collection[str] | None
+) -> bool:
+    """No run of the day's partition ``runs`` is open (nor, given ``statuses``, of another
+    status): each a look that stops at the first such run."""
+    blocking = sa.text(f"SELECT EXISTS (SELECT 1 FROM {runs} WHERE status = ANY(:statuses))")
+    if connection.execute(blocking, {"statuses": sorted(keep)}).scalar_one():
+        return False
+    if statuses is None:
+        return True
+    other = sa.text(f"SELECT EXISTS (SELECT 1 FROM {runs} WHERE status <> ALL(:statuses))")
+    return not connection.execute(other, {"statuses": sorted(statuses)}).scalar_one()

@@ -305,6 +305,10 @@ def test_step_without_current_attempt_is_repaired(store: WorkflowStore) -> None:
                 current_attempt=None,
                 created_at=now,
                 updated_at=now,
+                # Its run's day, which the partitioned layout's conversion gives every row.
+                run_day=sa.select(workflow_runs.c.run_day)
+                .where(workflow_runs.c.workflow_run_id == run_id)
+                .scalar_subquery(),
             )
         )
     assert store.get_step_state(run_id, "old").attempt_count == 1

@@ -17,6 +17,8 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
+from pikku_celery.schema.partitions import is_partitioned
+
 UTC = dt.timezone.utc
 
 PIKKU_ERROR: Final = {
@@ -76,7 +78,7 @@ def insert_foreign_run(engine: sa.Engine, run_id: str = "pikku-run-1") -> Foreig
         *map(
             sa.column,
             "workflow_run_id workflow status input output error state inline graph_hash "
-            "deterministic planned_steps wire created_at updated_at".split(),
+            "deterministic planned_steps wire created_at updated_at run_day".split(),
         ),
     )
     steps = sa.table(
@@ -84,7 +86,7 @@ def insert_foreign_run(engine: sa.Engine, run_id: str = "pikku-run-1") -> Foreig
         *map(
             sa.column,
             "workflow_step_id workflow_run_id step_name rpc_name data status result error "
-            "retries retry_delay current_attempt created_at updated_at".split(),
+            "retries retry_delay current_attempt created_at updated_at run_day".split(),
         ),
     )
     history = sa.table(
@@ -92,7 +94,7 @@ def insert_foreign_run(engine: sa.Engine, run_id: str = "pikku-run-1") -> Foreig
         *map(
             sa.column,
             "history_id workflow_step_id status result error attempt created_at running_at "
-            "succeeded_at failed_at workflow_run_id".split(),
+            "succeeded_at failed_at workflow_run_id run_day".split(),
         ),
     )
     versions = sa.table(
@@ -101,8 +103,12 @@ def insert_foreign_run(engine: sa.Engine, run_id: str = "pikku-run-1") -> Foreig
     )
     failed_step, succeeded_step = f"{run_id}-charge", f"{run_id}-ship"
     with engine.begin() as conn:
+        # Not one of Pikku's columns either: the run's day, which the partitioned layout
+        # takes a row only with (data contract); the plain layout asks nothing of a writer.
+        day = {"run_day": dt.date(2026, 12, 1)} if is_partitioned(conn) else {}
         conn.execute(
             sa.insert(runs).values(
+                **day,
                 workflow_run_id=run_id,
                 workflow="pikku.order",
                 status="failed",
@@ -126,6 +132,7 @@ def insert_foreign_run(engine: sa.Engine, run_id: str = "pikku-run-1") -> Foreig
         ):
             conn.execute(
                 sa.insert(steps).values(
+                    **day,
                     workflow_step_id=step_id,
                     workflow_run_id=run_id,
                     step_name=name,
@@ -143,6 +150,7 @@ def insert_foreign_run(engine: sa.Engine, run_id: str = "pikku-run-1") -> Foreig
             )
             conn.execute(
                 sa.insert(history).values(
+                    **day,
                     history_id=f"{step_id}-1",
                     # Not one of Pikku's columns: the attempt's run, which a writer of
                     # pikku-celery's tables gives since revision 0013 (data contract).

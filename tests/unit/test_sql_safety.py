@@ -37,6 +37,7 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         "_make_day",
         "_make_parent",
         "_make_partition",
+        "_may_drop",
         "_owned",
     )
 )
