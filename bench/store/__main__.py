@@ -59,6 +59,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.size("--big-rows", 1_000_000, 100_000, "attempt rows for the large index sample")
     parser.add_argument("--only", choices=("postgresql", "sqlite"), help="bench one database")
     parser.add_argument(
+        "--layout",
+        choices=("plain", "partitioned"),
+        default="plain",
+        help="PostgreSQL's tables as they are, or laid out by day with a month of partitions",
+    )
+    parser.add_argument(
         "--skip-index", action="store_true", help="leave the index check out of --section all"
     )
     parser.add_argument(

@@ -9,7 +9,7 @@ trip; SQLite, a file with no round trips to save, one ``executemany`` per kind o
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
@@ -33,6 +33,12 @@ Later = list[tuple[sa.Executable, dict[str, Any]]]
 _ENCODER: Final = msgspec.json.Encoder()
 
 
+def _days(days: Iterable[dt.date | None]) -> dict[str, dt.date | None]:
+    """The range of days a statement's rows are of (``sql.batches.on_days``)."""
+    known = [day for day in days if day is not None]
+    return {"first_day": min(known, default=None), "last_day": max(known, default=None)}
+
+
 def _array(rows: list[dict[str, Any]]) -> str:
     """Rows as one JSON array, for ``jsonb_to_recordset``."""
     return _ENCODER.encode(rows).decode()
@@ -48,7 +54,7 @@ class BatchWrites(Protocol):
         ...
 
     def steps_present(
-        self, c: sa.Connection, run_ids: list[str], step_ids: list[str]
+        self, c: sa.Connection, run_ids: list[str], step_ids: list[str], run_days: list[dt.date]
     ) -> set[str]: ...
 
     def write_steps(
@@ -75,7 +81,10 @@ class BatchWrites(Protocol):
         complete: dict[str, dt.datetime],
         settle: list[dict[str, Any]],
         later: Later,
-    ) -> None: ...
+        days: Mapping[str, dt.date | None],
+    ) -> None:
+        """End these runs; ``days``: the day of each that the caller knows."""
+        ...
 
     def send(self, c: sa.Connection, later: Later, *, commit: bool = False) -> None:
         """Send what waits in ``later``, in order, and empty it; ``commit``: the transaction
@@ -96,8 +105,10 @@ class PostgresWrites:
     def known_runs(self, c: sa.Connection, run_ids: list[str]) -> dict[str, dt.date | None]:
         return {str(r[0]): r[1] for r in c.execute(sql.batches.known_runs_pg, {"run_ids": run_ids})}
 
-    def steps_present(self, c: sa.Connection, run_ids: list[str], step_ids: list[str]) -> set[str]:
-        params = {"run_ids": run_ids, "step_ids": step_ids}
+    def steps_present(
+        self, c: sa.Connection, run_ids: list[str], step_ids: list[str], run_days: list[dt.date]
+    ) -> set[str]:
+        params = {"run_ids": run_ids, "step_ids": step_ids, **_days(run_days)}
         return set(c.execute(sql.batches.steps_present_pg, params).scalars())
 
     def write_steps(
@@ -131,7 +142,11 @@ class PostgresWrites:
                     sql.batches.schedule_lone_steps_pg,
                     # In key order: two batches writing the same lone tasks (their
                     # publisher's and their worker's) wait for one another, never deadlock.
-                    {"rows": _array([lone[k] for k in sorted(lone)]), "run_ids": sorted(lone)},
+                    {
+                        "rows": _array([lone[k] for k in sorted(lone)]),
+                        "run_ids": sorted(lone),
+                    }
+                    | _days(row["run_day"] for row in lone.values()),
                 )
             )
         if deliveries:
@@ -150,7 +165,10 @@ class PostgresWrites:
     ) -> None:
         ids = sorted({row["step_id"] for row in rows})
         runs = sorted({row["run_id"] for row in rows})
-        self._set(later, sql.batches.record_attempts_pg(status), rows, run_ids=runs, step_ids=ids)
+        days = _days(row["run_day"] for row in rows)
+        self._set(
+            later, sql.batches.record_attempts_pg(status), rows, run_ids=runs, step_ids=ids, **days
+        )
 
     def write_outcomes(
         self,
@@ -158,14 +176,18 @@ class PostgresWrites:
         complete: dict[str, dt.datetime],
         settle: list[dict[str, Any]],
         later: Later,
+        days: Mapping[str, dt.date | None],
     ) -> None:
         ended = sorted({r["run_id"] for r in settle} | set(complete))
         if not ended:
             return
+        unknown = [run_id for run_id in ended if run_id not in days]
+        found = self.known_runs(c, unknown) if unknown else {}
+        run_days = _days(days.get(run_id, found.get(run_id)) for run_id in ended)
         # Every run the batch ends is locked first, in id order (after its steps). In one
         # pipeline the statements still run one after the other, each with a snapshot of
         # its own: the completion check sees what other batches committed before the lock.
-        later.append((sql.batches.lock_runs_pg, {"run_ids": ended}))
+        later.append((sql.batches.lock_runs_pg, {"run_ids": ended, **run_days}))
         if settle:
             rows = [
                 {"run_id": r["run_id"], "now": r["now"], "status": r["new_status"]}
@@ -173,7 +195,7 @@ class PostgresWrites:
                 for r in settle
             ]
             ids = sorted({r["run_id"] for r in rows})
-            self._set(later, sql.batches.settle_runs_pg, rows, run_ids=ids)
+            self._set(later, sql.batches.settle_runs_pg, rows, run_ids=ids, **run_days)
         if complete:
             rows = [{"run_id": run_id, "now": at} for run_id, at in complete.items()]
             # A batch cut by shard names its runs in every subquery: one shard's update.
@@ -182,7 +204,7 @@ class PostgresWrites:
                 if self._db.key_groups is None
                 else sql.batches.complete_runs_keyed_pg
             )
-            self._set(later, complete_runs, rows, run_ids=sorted(complete))
+            self._set(later, complete_runs, rows, run_ids=sorted(complete), **run_days)
 
     def send(self, c: sa.Connection, later: Later, *, commit: bool = False) -> None:
         self._db.pipelined(c, later, commit=commit)
@@ -210,7 +232,9 @@ class SqliteWrites:
     def known_runs(self, c: sa.Connection, run_ids: list[str]) -> dict[str, dt.date | None]:
         return {str(r[0]): r[1] for r in c.execute(sql.batches.known_runs, {"run_ids": run_ids})}
 
-    def steps_present(self, c: sa.Connection, run_ids: list[str], step_ids: list[str]) -> set[str]:
+    def steps_present(
+        self, c: sa.Connection, run_ids: list[str], step_ids: list[str], run_days: list[dt.date]
+    ) -> set[str]:
         params = {"run_ids": run_ids, "step_ids": step_ids}
         return set(c.execute(sql.batches.steps_present, params).scalars())
 
@@ -259,6 +283,7 @@ class SqliteWrites:
         complete: dict[str, dt.datetime],
         settle: list[dict[str, Any]],
         later: Later,
+        days: Mapping[str, dt.date | None],
     ) -> None:
         if settle:
             self._db.run_many(c, sql.attempts.settle_run, settle)

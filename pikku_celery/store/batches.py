@@ -173,6 +173,7 @@ class Batches:
                     {run_id: at for run_id, at in complete.items() if group_of[run_id] == group},
                     [row for run_id, row in elsewhere.settle.items() if group_of[run_id] == group],
                     later,
+                    {},  # looked up, on the runs' own shard
                 )
                 self._sql.send(c, later, commit=True)
 
@@ -214,7 +215,7 @@ class Batches:
         missing |= unwritten
         written = [s for s in placed if s.step_id not in missing]
         self._open_chords(c, written, days)
-        released = self._released_runs(c, written)
+        released = self._released_runs(c, written, days)
         for step in placed:
             if step.step_id not in missing:
                 known.setdefault(step.step_id, (1, step.run_id, None, days[step.run_id]))
@@ -324,7 +325,7 @@ class Batches:
             for s in placed
         ]
         present, counted = self._sql.write_steps(c, rows, placed, deliveries)
-        return self._not_written(c, placed, present), counted
+        return self._not_written(c, placed, present, days), counted
 
     def _open_chords(
         self, c: sa.Connection, written: Sequence[NewStep], days: dict[str, dt.date | None]
@@ -340,7 +341,7 @@ class Batches:
             self._db.run_many(c, self._open_chord, rows)
 
     def _released_runs(
-        self, c: sa.Connection, written: Sequence[NewStep]
+        self, c: sa.Connection, written: Sequence[NewStep], days: dict[str, dt.date | None]
     ) -> dict[str, dt.datetime]:
         """Runs whose chord's body is now written: each may complete now (if its steps all
         succeeded), though none of its own steps ended in this batch.
@@ -352,18 +353,24 @@ class Batches:
             return {}
         # The chords' rows say their bodies are written from now on: a run's completion
         # reads only its own rows.
-        held = c.execute(sql.batches.mark_bodies_written, {"body_ids": sorted(at)}).scalars()
+        held = c.execute(sql.batches.mark_bodies_written, {"body_ids": sorted(at)}).all()
+        days.update((run_id, day) for run_id, day in held)
         latest = max(at.values())
-        return dict.fromkeys(held.all(), latest)
+        return dict.fromkeys((run_id for run_id, _ in held), latest)
 
     def _not_written(
-        self, c: sa.Connection, placed: Sequence[NewStep], present: set[str]
+        self,
+        c: sa.Connection,
+        placed: Sequence[NewStep],
+        present: set[str],
+        days: dict[str, dt.date | None],
     ) -> set[str]:
         ids = sorted({s.step_id for s in placed} - present)
         if not ids:
             return set()
         runs = sorted({s.run_id for s in placed if s.step_id in ids})
-        return set(ids) - self._sql.steps_present(c, runs, ids)
+        on = sorted({day for run_id in runs if (day := days[run_id]) is not None})
+        return set(ids) - self._sql.steps_present(c, runs, ids, on)
 
     @staticmethod
     def _delivery_rows(
@@ -504,7 +511,7 @@ class Batches:
                 elsewhere.complete[run_id] = max(at, elsewhere.complete.get(run_id, at))
             for run_id in [r for r in settle if r not in own]:
                 elsewhere.settle.setdefault(run_id, settle.pop(run_id))
-        self._sql.write_outcomes(c, complete, list(settle.values()), later)
+        self._sql.write_outcomes(c, complete, list(settle.values()), later, days)
         return replay
 
     def _unsent_bodies(
@@ -541,7 +548,8 @@ class Batches:
             {"body_id": body, "run_id": run_id, "now": failed[body].at, "run_day": days.get(run_id)}
             for body, run_id in sorted(holders.items())
         ]
-        for body_id, run_id in held.all():
+        for body_id, run_id, day in held.all():
+            days[run_id] = day
             o = failed[body_id]
             error = {
                 "type": "celery.exceptions.ChordError",

@@ -560,12 +560,14 @@ touch_run: Final = (
 )
 
 
-def completion(among: Any = None) -> tuple[Any, Any]:
+def completion(among: Any = None, on_days: Callable[[Any], Any] | None = None) -> tuple[Any, Any]:
     """The completion check of a run row and its output, reading only that run's rows.
 
     ``among``: the runs a statement names (a bound parameter), named again in every
     subquery, so a distributed database runs them on those runs' shards only (where each
-    is tied to the run row alone, it runs them on every shard).
+    is tied to the run row alone, it runs them on every shard). ``on_days``: the condition
+    on a table's ``run_day`` that names the days of those runs, in every subquery too, so
+    the partitioned layout reads only those days' partitions.
 
     ``(all_steps_succeeded, last_result)``: every step of the run has succeeded and no
     chord of it waits for its body (whether a chord's body is written, which may be in
@@ -577,20 +579,21 @@ def completion(among: Any = None) -> tuple[Any, Any]:
     """
     own, leaf, child = steps.alias("own"), steps.alias("leaf"), steps.alias("child")
 
-    def keyed(run_id: Any) -> Any:
-        return () if among is None else (run_id == sa.any_(among),)
+    def keyed(table: Any) -> tuple[Any, ...]:
+        named = () if among is None else (table.c.workflow_run_id == sa.any_(among),)
+        return named if on_days is None else (*named, on_days(table.c.run_day))
 
     is_lone_task = sa.exists().where(
         own.c.workflow_run_id == runs.c.workflow_run_id,
         own.c.workflow_step_id == runs.c.workflow_run_id,
-        *keyed(own.c.workflow_run_id),
+        *keyed(own),
     )
     own_result = (
         sa.select(own.c.result)
         .where(
             own.c.workflow_run_id == runs.c.workflow_run_id,
             own.c.workflow_step_id == runs.c.workflow_run_id,
-            *keyed(own.c.workflow_run_id),
+            *keyed(own),
         )
         .scalar_subquery()
     )
@@ -598,11 +601,11 @@ def completion(among: Any = None) -> tuple[Any, Any]:
         sa.select(leaf.c.result)
         .where(
             leaf.c.workflow_run_id == runs.c.workflow_run_id,
-            *keyed(leaf.c.workflow_run_id),
+            *keyed(leaf),
             ~sa.exists().where(
                 child.c.workflow_run_id == leaf.c.workflow_run_id,
                 child.c.from_step_name == leaf.c.step_name,
-                *keyed(child.c.workflow_run_id),
+                *keyed(child),
             ),
         )
         .order_by(leaf.c.created_at.desc(), leaf.c.workflow_step_id.desc())
@@ -612,12 +615,12 @@ def completion(among: Any = None) -> tuple[Any, Any]:
     done = sa.and_(
         ~sa.exists().where(
             steps.c.workflow_run_id == runs.c.workflow_run_id,
-            *keyed(steps.c.workflow_run_id),
+            *keyed(steps),
             steps.c.status != inline_text("succeeded"),
         ),
         ~sa.exists().where(
             chords.c.workflow_run_id == runs.c.workflow_run_id,
-            *keyed(chords.c.workflow_run_id),
+            *keyed(chords),
             # Text on both databases: ``'true'`` is how each spells the flag as text.
             sa.cast(chords.c.body_written, sa.Text) != inline_text("true"),
         ),

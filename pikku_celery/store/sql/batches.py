@@ -56,6 +56,7 @@ __all__ = [
     "known_steps_pg",
     "lock_runs_pg",
     "mark_bodies_written",
+    "on_days",
     "open_chord",
     "prune_deliveries",
     "record_attempts_pg",
@@ -119,12 +120,14 @@ mark_bodies_written: Final = (
     sa.update(chords)
     .where(chords.c.body_id.in_(P("body_ids", expanding=True)))
     .values(body_written=True)
-    .returning(chords.c.workflow_run_id)
+    .returning(chords.c.workflow_run_id, chords.c.run_day)
 )
 
 #: The runs held open by these chords whose bodies are not written: a header task of
 #: each failed for good, so Celery will never send the body they wait for.
-runs_held_by_unsent_bodies: Final = sa.select(chords.c.body_id, chords.c.workflow_run_id).where(
+runs_held_by_unsent_bodies: Final = sa.select(
+    chords.c.body_id, chords.c.workflow_run_id, chords.c.run_day
+).where(
     chords.c.body_id.in_(P("body_ids", expanding=True)),
     sa.cast(chords.c.body_written, sa.Text) != inline_text("true"),
 )
@@ -171,6 +174,18 @@ def open_chord(insert: Upsert, typed: Parameter) -> Insert:
 _TS = sa.DateTime(timezone=True)
 _DAY = sa.Date()
 _TEXTS = postgresql.ARRAY(sa.Text())
+
+
+def on_days(column: Any) -> sa.ColumnElement[bool]:
+    """The row's day is within the batch's (``first_day`` to ``last_day``): on the
+    partitioned layout the executor then reads those days' partitions alone, as a
+    distributed database reads the runs' shards. A range, not a list: PostgreSQL prunes
+    partitions by a parameter compared with the key, not by one array of them. A row with
+    no day (written before revision 0016, on the plain layout only) is never left out."""
+    return sa.or_(
+        column.between(P("first_day", type_=_DAY), P("last_day", type_=_DAY)), column.is_(None)
+    )
+
 
 _TRANSITION_ROWS: Final = (
     ("run_id", sa.Text()),
@@ -267,6 +282,7 @@ def record_attempts_pg(status: str) -> Insert:
             # database, the shards of the runs named).
             steps.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
             steps.c.workflow_step_id == sa.any_(P("step_ids", type_=_TEXTS)),
+            on_days(steps.c.run_day),
             steps.c.workflow_run_id == newest.c.run_id,
             steps.c.workflow_step_id == newest.c.step_id,
             sa.or_(step_moves(status, step_rows), step_policy(status, step_rows)),
@@ -417,7 +433,10 @@ def _schedule_lone_steps() -> sa.CompoundSelect[Any]:
         )
         # The runs again as an array (a lone task's run is its step's id): a planner
         # reads only where they are.
-        .where(steps.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)))
+        .where(
+            steps.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
+            on_days(steps.c.run_day),
+        )
     )
     query = sa.union_all(sa.select(step.c.workflow_step_id), existing)
     query = query.add_cte(run.on_conflict_do_nothing().cte("run"))
@@ -433,7 +452,7 @@ schedule_lone_steps_pg: Final = _schedule_lone_steps()
 #: version for a run that does not complete.
 lock_runs_pg: Final = (
     sa.select(runs.c.workflow_run_id)
-    .where(runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)))
+    .where(runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)), on_days(runs.c.run_day))
     .order_by(runs.c.workflow_run_id)
     .with_for_update(key_share=True)
 )
@@ -442,12 +461,13 @@ lock_runs_pg: Final = (
 # The runs' steps and chords are read by the run row's id alone: naming the runs' array
 # in each subquery too lets a planner prune them, but costs a probe per run named in every
 # one (a batch of lone tasks ends a hundred runs), a third of a batch's time.
-_done, _output = completion()
+_done, _output = completion(on_days=on_days)
 
 complete_runs_pg: Final = (
     sa.update(runs)
     .where(
         runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
+        on_days(runs.c.run_day),
         runs.c.workflow_run_id == (completing := _rows("completing", _RUN_ROWS)).c.run_id,
         still_going,
         _done,
@@ -457,12 +477,13 @@ complete_runs_pg: Final = (
 
 # Where batches are cut by shard (``store/batch_pieces.py``): the runs named in every
 # subquery too, so a distributed database runs the update on their one shard, not all.
-_keyed_done, _keyed_output = completion(P("run_ids", type_=_TEXTS))
+_keyed_done, _keyed_output = completion(P("run_ids", type_=_TEXTS), on_days)
 
 complete_runs_keyed_pg: Final = (
     sa.update(runs)
     .where(
         runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
+        on_days(runs.c.run_day),
         runs.c.workflow_run_id == (keyed_rows := _rows("completing", _RUN_ROWS)).c.run_id,
         still_going,
         _keyed_done,
@@ -474,6 +495,7 @@ settle_runs_pg: Final = (
     sa.update(runs)
     .where(
         runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
+        on_days(runs.c.run_day),
         runs.c.workflow_run_id == (settling := _rows("settling", _RUN_ROWS)).c.run_id,
         still_going,
     )
@@ -504,6 +526,7 @@ known_steps_pg: Final = (
 steps_present_pg: Final = sa.select(steps.c.workflow_step_id).where(
     steps.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
     steps.c.workflow_step_id == _any_step,
+    on_days(steps.c.run_day),
 )
 
 known_runs_pg: Final = sa.select(runs.c.workflow_run_id, runs.c.run_day).where(
