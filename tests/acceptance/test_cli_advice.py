@@ -63,6 +63,10 @@ RUN_HERE = {
     "pikku-celery db upgrade --database-url {}": "test_db_upgrade_for_a_missing_sqlite_file",
     "pikku-celery db upgrade": "test_db_upgrade_for_a_schema_that_is_behind",
     "pikku-celery db distribute": "test_db_distribute_for_a_database_not_ready_for_it",
+    "pikku-celery prune --older-than 30d": "test_db_upgrade_to_the_partitioned_layout_on_sqlite",
+    "pikku-celery db upgrade --layout partitioned": (
+        "test_db_upgrade_to_the_partitioned_layout_on_postgresql"
+    ),
     "pikku-celery runs list": "test_runs_list_for_a_run_that_takes_no_events",
     "pikku-celery reap --app proj:pikku": "test_reap_for_lost_steps",
     "pikku-celery dashboard --app module:pikku": "test_dashboard_with_the_app_for_run_actions",
@@ -224,6 +228,30 @@ def test_db_distribute_for_a_database_not_ready_for_it(shell: Shell, pg_server: 
         done = shell.run(command)
         assert done.returncode == codes.EXIT_OK, done.stderr
     assert "Distributed on" in done.stdout
+
+
+def test_db_upgrade_to_the_partitioned_layout_on_sqlite(shell: Shell, tmp_path: Path) -> None:
+    shell.env["PIKKU_DATABASE_URL"] = f"sqlite:///{tmp_path / 'work.db'}"
+    refused = shell.run("pikku-celery db upgrade --layout partitioned")
+    assert refused.returncode == codes.EXIT_ERROR, refused.stderr
+    advice = suggested(refused.stderr)
+    assert advice == ["pikku-celery db upgrade", "pikku-celery prune --older-than 30d"]
+    for command in advice:
+        done = shell.run(command)
+        assert done.returncode == codes.EXIT_OK, done.stderr
+    assert done.stdout.startswith("Pruned 0 runs (0 steps, 0 attempts)"), done.stdout
+
+
+def test_db_upgrade_to_the_partitioned_layout_on_postgresql(
+    shell: Shell, pg_server: PgServer
+) -> None:
+    # What a refusal of the layout's upkeep or conversion on a database behind suggests.
+    shell.env["PIKKU_DATABASE_URL"] = pg_server.create_database("pikku_advice_layout")
+    done = shell.run("pikku-celery db upgrade --layout partitioned")
+    assert done.returncode == codes.EXIT_OK, done.stderr
+    assert "partitioned 6 tables by run_day" in done.stdout, done.stdout
+    current = shell.run("pikku-celery db current")
+    assert "partitioned" in current.stdout, current.stdout
 
 
 def test_runs_list_for_a_run_that_takes_no_events(shell: Shell, database: WorkflowStore) -> None:

@@ -176,6 +176,8 @@ NOT_RUN_COMMANDS = {
     "make test": "the whole test suite: the examples are part of it",
     "make test-quick": "the unit and integration suites, which CI runs as part of make test",
     "make test-docker": "the docker suite, which CI runs as part of make test",
+    "make test-partitioned": "the integration suite on the partitioned layout, which CI runs "
+    "after make test",
     "make check": "the linters and type checks, which CI runs before the suite",
 }
 
