@@ -346,6 +346,15 @@ def _check(retired: dict[str, int], databases: dict[str, sa.Connection]) -> None
         for name, conn in databases.items()
     }
     say("runs left: " + ", ".join(f"{count:,} ({name})" for name, count in left.items()))
+    # The results are not partitioned: what DELETE leaves of them is the same on every side.
+    results = {
+        name: Meter(conn).table_bytes(SCHEMA, ["pikku_celery_results"]) / 2**20
+        for name, conn in databases.items()
+    }
+    say(
+        "of the bytes after, pikku_celery_results's: "
+        + ", ".join(f"{mib:.1f} MiB ({name})" for name, mib in results.items())
+    )
     for name, conn in databases.items():
         if name != PLAIN and (defaults := default_rows(conn)):
             raise SystemExit(f"{name} holds rows in its default partitions: {defaults}")
