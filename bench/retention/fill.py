@@ -5,7 +5,8 @@ delivery, and its ``pikku://`` result), so the columns it fills and the sizes of
 JSON are the store's own. ``INSERT ... SELECT generate_series`` then copies those
 rows inside the database, each copy with ids of its own (UUID-shaped, scattered like
 ``uuid4``) and its times moved to its place in the spread: a copy's rows keep the
-template's offsets from its run's creation. Writing 100,000 tasks through
+template's offsets from its run's creation, and every row of a copy its run's
+``run_day``, as the store writes it. Writing 100,000 tasks through
 ``apply_batch`` would take minutes here; the copy takes seconds.
 """
 
@@ -106,7 +107,9 @@ def _copy_sql(conn: sa.Connection, table: str, key: str, template: str) -> str:
     names, expressions = [], []
     for name, data_type in columns:
         names.append(name)
-        if data_type == "timestamp with time zone":
+        if name == "run_day":
+            expressions.append("g.run_day")
+        elif data_type == "timestamp with time zone":
             expressions.append(f"t.{name} + g.shift")
         elif values[name] == template:
             expressions.append("g.run_id")
@@ -117,7 +120,9 @@ def _copy_sql(conn: sa.Connection, table: str, key: str, template: str) -> str:
     return (
         f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(expressions)} "
         f"FROM {table} t, (SELECT i, md5('run-' || i)::uuid::text AS run_id, "
-        "CAST(:base AS interval) + (i - 1) * CAST(:step AS interval) AS shift "
+        "CAST(:base AS interval) + (i - 1) * CAST(:step AS interval) AS shift, "
+        "CAST((CAST(:start AS timestamptz) + (i - 1) * CAST(:step AS interval)) "
+        "AT TIME ZONE 'UTC' AS date) AS run_day "
         "FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) i) g "
         f"WHERE t.{key} = :template"
     )
@@ -139,6 +144,7 @@ def fill(store: WorkflowStore, spread: Spread) -> None:
                     "lo": lo,
                     "hi": min(lo + _CHUNK - 1, spread.runs),
                     "base": base,
+                    "start": spread.start,
                     "step": spread.step,
                     "template": template,
                 }

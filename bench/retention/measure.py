@@ -58,12 +58,14 @@ class Meter:
         )
 
     def dead_tuples(self, schema: str, tables: Sequence[str]) -> int:
-        """Dead row versions the statistics count in ``tables``: what VACUUM must clean."""
+        """Dead row versions the statistics count in ``tables`` (every partition's): what
+        VACUUM must clean."""
         self._conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
-        names = ", ".join(f"'{table}'" for table in tables)
+        names = ", ".join(f"'{schema}.{table}'" for table in tables)
         return self.scalar(
             "SELECT sum(n_dead_tup) FROM pg_stat_user_tables "
-            f"WHERE schemaname = '{schema}' AND relname IN ({names})"
+            f"WHERE coalesce(pg_partition_root(relid), relid) IN (SELECT unnest(ARRAY[{names}]"
+            "::regclass[]))"
         )
 
     def step(
