@@ -208,8 +208,8 @@ def check_dialect(name: str) -> None:
     if name != "postgresql":
         raise LayoutUnavailable(
             f"the partitioned layout needs PostgreSQL; {name} keeps the plain layout (run "
-            "`pikku-celery db upgrade` without --layout, and retire old runs with `pikku-celery prune "
-            "--older-than 30d`, choosing the age)"
+            "`pikku-celery db upgrade` without --layout, and retire old runs with "
+            "`pikku-celery prune --older-than 30d`, choosing the age)"
         )
 
 
@@ -228,8 +228,8 @@ def _check_can_partition(connection: sa.Connection) -> None:
         raise LayoutUnavailable(
             "the tables of this database are distributed by Citus (`pikku-celery db "
             "distribute`); the partitioned layout is for a single PostgreSQL server. Keep "
-            "the distributed layout and retire old runs with `pikku-celery prune --older-than 30d`, "
-            "choosing the age"
+            "the distributed layout and retire old runs with "
+            "`pikku-celery prune --older-than 30d`, choosing the age"
         )
     head = migrate.head_revision()
     revision = None
