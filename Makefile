@@ -27,11 +27,15 @@ test: $(STAMP)
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest tests/unit tests/integration $(PYTEST_ARGS)
 
-# The integration suite's PostgreSQL tests with every test database laid out by day (the
-# partitioned layout, `pikku-celery db upgrade --layout partitioned`).
+# The integration suite's PostgreSQL tests, and real workers running canvases, retries,
+# chords, durable workflows and replaced tasks, with the suite's database laid out by day
+# (the partitioned layout, `pikku-celery db upgrade --layout partitioned`).
+PARTITIONED_ACCEPTANCE = tests/acceptance/test_celery_worker.py \
+	tests/acceptance/test_result_chords.py tests/acceptance/test_workflows.py \
+	tests/acceptance/test_durable_features.py tests/acceptance/test_replace.py
 test-partitioned: $(STAMP)
 	PIKKU_TEST_LAYOUT=partitioned $(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
-		tests/integration -k "not sqlite" $(PYTEST_ARGS)
+		tests/integration $(PARTITIONED_ACCEPTANCE) -k "not sqlite" $(PYTEST_ARGS)
 
 # The unit and integration suites and a slice of the acceptance suite, in a virtualenv of their
 # own with the lowest versions pyproject.toml allows (noxfile.py, constraints/lowest.txt).

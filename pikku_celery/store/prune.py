@@ -162,6 +162,9 @@ class Pruning:
         chosen = _settled(statuses)
         total = PruneCount()
         if self._partitions.partitioned():
+            # The days ahead too: a deployment that runs no reaper (whose upkeep makes them)
+            # keeps its layout with a daily prune alone.
+            self._partitions.keep(None)
             total = self._drop_days(before, chosen)
             if total.runs and on_batch is not None:
                 on_batch(total)

@@ -429,7 +429,8 @@ def test_prune_drops_whole_days_then_deletes_the_rest(store: WorkflowStore) -> N
             1: ["completed"],  # after the cut
         },
     )
-    store.partitions.convert()
+    # Converted days ago and never kept since (no reaper runs): prune makes the days ahead.
+    store.partitions.convert(today=TODAY - dt.timedelta(days=10))
     pruned = store.prune(
         dt.datetime.now(UTC) - dt.timedelta(days=30), ["completed", "failed"], batch_size=1
     )
@@ -438,6 +439,7 @@ def test_prune_drops_whole_days_then_deletes_the_rest(store: WorkflowStore) -> N
         days = partitions.partition_days(conn)
     assert TODAY - dt.timedelta(days=40) not in days
     assert {TODAY - dt.timedelta(days=n) for n in (38, 36, 1)} <= set(days)
+    assert {TODAY, TODAY + DAY, TODAY + 2 * DAY} <= set(days)
     assert sorted(run.status for run in store.list_runs(limit=10)) == [
         "cancelled",
         "completed",
