@@ -210,7 +210,11 @@ def test_a_body_lost_between_the_commit_and_its_publish_is_sent_again_by_the_rea
         with worker_running(
             app, "redis", tmp, concurrency=1, queues=QUEUE, extra_env=crash
         ) as first:
-            wait_until(lambda: first.proc.poll() is not None, what="the crash point")
+            try:
+                wait_until(lambda: first.proc.poll() is not None, what="the crash point")
+            except AssertionError as exc:
+                # Which process claimed the chord instead, if one did: the worker's log says.
+                raise AssertionError(f"{exc}\n{first.log.read_text()[-6000:]}") from None
             assert first.proc.returncode == -signal.SIGKILL
             with contextlib.suppress(ProcessLookupError):
                 first.kill_all()  # its pool process, left without its parent

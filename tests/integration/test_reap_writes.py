@@ -6,9 +6,10 @@ import datetime as dt
 import uuid
 
 from pikku_celery import WorkflowStore
-from pikku_celery.store import MirrorBatch, NewStep, StepTransition
+from pikku_celery.store import MirrorBatch, StepTransition
 from pikku_celery.store.attempts import NewRun
 from tests.support import transitions
+from tests.support.published import lone_step
 from tests.support.steps import LOST, running_step
 
 
@@ -141,17 +142,7 @@ def test_the_same_start_written_again_leaves_a_lost_attempt_lost(store: Workflow
     # Only a delivery counted now (a redelivery) moves a lost attempt on.
     step_id = str(uuid.uuid4())
     at = dt.datetime.now(dt.timezone.utc)
-    published = NewStep(
-        run_id=step_id,
-        step_id=step_id,
-        step_name="charge",
-        rpc_name="shop.charge",
-        data_json="[1]",
-        at=at,
-        run_workflow="shop.charge",
-        run_input_json="[1]",
-        run_wire_json='{"type":"task"}',
-    )
+    published = lone_step(step_id, at)
 
     def start(delivery: str, worker: str) -> MirrorBatch:
         moment = dt.datetime.now(dt.timezone.utc)

@@ -11,12 +11,12 @@ import datetime as dt
 
 from pikku_celery import WorkflowStore
 from pikku_celery.store import MirrorBatch, NewStep, RunOutcome, StepTransition
+from tests.support.published import lone_step
 
 UTC = dt.timezone.utc
 LATE = dt.datetime(2026, 12, 5, 23, 59, 59, tzinfo=UTC)
 NEXT = LATE + dt.timedelta(seconds=10)
 DAY = LATE.date()
-WIRE = '{"type":"task"}'
 CHILD_TABLES = (
     "workflow_step",
     "workflow_step_history",
@@ -24,21 +24,6 @@ CHILD_TABLES = (
     "pikku_celery_run_events",
     "pikku_celery_chords",
 )
-
-
-def _lone(step_id: str, at: dt.datetime, *, chord_body: str | None = None) -> NewStep:
-    return NewStep(
-        run_id=step_id,
-        step_id=step_id,
-        step_name="charge",
-        rpc_name="shop.charge",
-        data_json="[1]",
-        at=at,
-        run_workflow="shop.charge",
-        run_input_json="[1]",
-        run_wire_json=WIRE,
-        chord_body=chord_body,
-    )
 
 
 def _follower(run_id: str, step_id: str, parent: str, at: dt.datetime) -> NewStep:
@@ -95,7 +80,7 @@ def test_rows_written_after_midnight_carry_the_day_their_run_was_made(
 ) -> None:
     store.batches.apply_batch(
         MirrorBatch(
-            steps=[_lone("lone", LATE), _lone("canvas", LATE, chord_body="body")],
+            steps=[lone_step("lone", LATE), lone_step("canvas", LATE, chord_body="body")],
             transitions=[_moved("lone", 1, "running", LATE)],
         )
     )

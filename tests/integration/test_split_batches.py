@@ -37,9 +37,9 @@ from pikku_celery.store import (
 )
 from tests.conftest import PgServer
 from tests.support.published import lone
+from tests.support.published import lone_step as published_lone_step
 
 T0 = dt.datetime(2026, 12, 5, 9, 0, tzinfo=dt.timezone.utc)
-WIRE = '{"type":"task"}'
 
 
 def at(seconds: float) -> dt.datetime:
@@ -84,17 +84,7 @@ def failing_after(store: WorkflowStore, commits: int) -> Iterator[list[int]]:
 
 
 def lone_step(run_id: str, name: str) -> NewStep:
-    return NewStep(
-        run_id=run_id,
-        step_id=run_id,
-        step_name=name,
-        rpc_name=f"shop.{name}",
-        data_json="[1]",
-        at=at(0),
-        run_workflow=f"shop.{name}",
-        run_input_json="[1]",
-        run_wire_json=WIRE,
-    )
+    return published_lone_step(run_id, at(0), name)
 
 
 def success(task_id: str, attempt: int = 1) -> ResultWrite:
