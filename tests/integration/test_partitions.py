@@ -513,6 +513,8 @@ def test_the_workers_upkeep_keeps_the_days_under_the_reaper_lease(
     finally:
         pikku.stop_upkeep()
         pikku.uninstall()
+        pikku.mirror.close()
+        pikku.store.close()
 
 
 def test_the_retention_is_days_from_the_app_or_the_environment(
@@ -536,3 +538,5 @@ def test_the_retention_is_days_from_the_app_or_the_environment(
         assert pikku._partitions_upkeep(None) is None
     finally:
         pikku.uninstall()
+        pikku.mirror.close()
+        pikku.store.close()
