@@ -201,14 +201,19 @@ def test_a_body_lost_between_the_commit_and_its_publish_is_sent_again_by_the_rea
     # whose batch claims the chord: it is killed right after its COMMIT, before it sends
     # the body, and nobody else would ever send it.
     tmp = tmp_path_factory.mktemp("chord-lost-body")
-    env = {"PIKKU_REAPER_INTERVAL": "1", "RESULTS_CHORD_RESEND_AFTER": "2"}
+    # A queue of its own: the module's worker (alive while another of its parameters' tests
+    # is to come) consumes the shared one, and would take the header tasks and fire the chord
+    # itself, leaving this test's worker nothing to crash on.
+    queue = f"{QUEUE}-lost-body"
+    env = {"PIKKU_REAPER_INTERVAL": "1", "RESULTS_CHORD_RESEND_AFTER": "2", "RESULTS_QUEUE": queue}
     crash = {**env, "PIKKU_TEST_CRASH_AT": "before_chord_send:batch"}
     with results_app(pg_url) as app:
+        app.app.conf.task_default_queue = queue
         sent: Any = chord([app.add.s(1, 1), app.add.s(2, 2)], app.total.s()).apply_async()
         # In SQL before any part: the batch that writes the last part claims it.
         assert app.pikku.mirror.flush()
         with worker_running(
-            app, "redis", tmp, concurrency=1, queues=QUEUE, extra_env=crash
+            app, "redis", tmp, concurrency=1, queues=queue, extra_env=crash
         ) as first:
             try:
                 wait_until(lambda: first.proc.poll() is not None, what="the crash point")
@@ -219,7 +224,7 @@ def test_a_body_lost_between_the_commit_and_its_publish_is_sent_again_by_the_rea
             with contextlib.suppress(ProcessLookupError):
                 first.kill_all()  # its pool process, left without its parent
         with worker_running(
-            app, "redis", tmp, concurrency=1, queues=QUEUE, extra_env=env
+            app, "redis", tmp, concurrency=1, queues=queue, extra_env=env
         ) as second:
             assert sent.get(timeout=60) == 6
             log = second.log.read_text()
