@@ -50,7 +50,6 @@ __all__ = [
     "schedule_step",
     "schedule_step_pg",
     "settle_run",
-    "step_day",
     "step_moves",
     "step_policy",
     "step_run",
@@ -371,14 +370,7 @@ run_of_step: Final = P("run_id", type_=sa.Text())
 #: The run of a step found by its id alone: one look before a write, for a caller that
 #: names only the step (the batches know each step's run and never send it).
 step_run: Final = (
-    sa.select(steps.c.workflow_run_id, steps.c.run_day)
-    .where(steps.c.workflow_step_id == P("step_id"))
-    .limit(1)
-)
-
-#: The day of a step whose run the caller names: the attempt rows it writes carry it.
-step_day: Final = sa.select(steps.c.run_day).where(
-    steps.c.workflow_run_id == P("run_id"), steps.c.workflow_step_id == P("step_id")
+    sa.select(steps.c.workflow_run_id).where(steps.c.workflow_step_id == P("step_id")).limit(1)
 )
 
 

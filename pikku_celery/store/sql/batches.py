@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.dml import Insert, Update
 
 from pikku_celery.schema import chords
 from pikku_celery.schema import mirror_deliveries as deliveries
@@ -461,35 +461,29 @@ lock_runs_pg: Final = (
 # The runs' steps and chords are read by the run row's id alone: naming the runs' array
 # in each subquery too lets a planner prune them, but costs a probe per run named in every
 # one (a batch of lone tasks ends a hundred runs), a third of a batch's time.
-_done, _output = completion(on_days=on_days)
-
-complete_runs_pg: Final = (
-    sa.update(runs)
-    .where(
-        runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
-        on_days(runs.c.run_day),
-        runs.c.workflow_run_id == (completing := _rows("completing", _RUN_ROWS)).c.run_id,
-        still_going,
-        _done,
+def _complete_runs(among: Any = None) -> Update:
+    """The batch's runs whose steps all succeeded, completed with their output. ``among``:
+    the runs named in every subquery too (``completion``)."""
+    done, output = completion(among, on_days)
+    completing = _rows("completing", _RUN_ROWS)
+    return (
+        sa.update(runs)
+        .where(
+            runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
+            on_days(runs.c.run_day),
+            runs.c.workflow_run_id == completing.c.run_id,
+            still_going,
+            done,
+        )
+        .values(status="completed", output=output, error=None, updated_at=completing.c.now)
     )
-    .values(status="completed", output=_output, error=None, updated_at=completing.c.now)
-)
+
+
+complete_runs_pg: Final = _complete_runs()
 
 # Where batches are cut by shard (``store/batch_pieces.py``): the runs named in every
 # subquery too, so a distributed database runs the update on their one shard, not all.
-_keyed_done, _keyed_output = completion(P("run_ids", type_=_TEXTS), on_days)
-
-complete_runs_keyed_pg: Final = (
-    sa.update(runs)
-    .where(
-        runs.c.workflow_run_id == sa.any_(P("run_ids", type_=_TEXTS)),
-        on_days(runs.c.run_day),
-        runs.c.workflow_run_id == (keyed_rows := _rows("completing", _RUN_ROWS)).c.run_id,
-        still_going,
-        _keyed_done,
-    )
-    .values(status="completed", output=_keyed_output, error=None, updated_at=keyed_rows.c.now)
-)
+complete_runs_keyed_pg: Final = _complete_runs(P("run_ids", type_=_TEXTS))
 
 settle_runs_pg: Final = (
     sa.update(runs)
