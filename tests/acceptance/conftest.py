@@ -118,6 +118,14 @@ def no_message_of_an_earlier_test(request: pytest.FixtureRequest) -> None:
         return  # the shop fixture says Redis is missing, in the way the suite says it
     finally:
         client.close()
+    # And the durable runs an earlier test left going: a worker that starts recovers them,
+    # and their replays would run here, beside this test's tasks, in its journal.
+    shop = request.getfixturevalue("shop")
+    with shop.pikku.store.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE workflow_runs SET status = 'cancelled' "
+            "WHERE status IN ('running', 'suspended') AND wire->>'type' = 'workflow'"
+        )
 
 
 @dataclass
